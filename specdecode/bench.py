@@ -258,7 +258,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"{row['tok_per_s_max']:.1f}", f"{row['ms_per_token_median']:.1f}",
                       f"{row['ttft_ms_median']:.0f}", f"{row['speedup']:.2f}x ({lo:.2f}-{hi:.2f})",
                       row["outputs_match_baseline"])
-    Console().print(table)
+    out = Console(width=160) if not sys.stdout.isatty() else Console()
+    out.print(table)
 
     result = {"environment": environment(args, threads, device), "model": str(loaded.source),
               "max_new_tokens": args.max_new_tokens, "summary": summary, "records": records}
@@ -273,7 +274,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for o in ops:
             ops_table.add_row(o["op"], f"{o['self_ms_per_token']:.2f}", f"{100 * o['share']:.1f}%",
                               str(o["calls"]))
-        Console().print(ops_table)
+        out.print(ops_table)
     Path(args.out).write_text(json.dumps(result, indent=1))
     console.print(f"wrote {args.out}")
     return 0

@@ -203,6 +203,10 @@ def config_from_hf(cfg: dict, source: Path) -> ModelConfig:
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", model_type == "mistral"):
         # We attend to the whole context; capping the context keeps results exact.
         max_pos = min(max_pos, int(cfg["sliding_window"]))
+    # transformers v5 writes "rope_parameters" (theta + scaling); v4 "rope_theta" + "rope_scaling".
+    rope = dict(cfg.get("rope_parameters") or {})
+    rope_theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_scaling = rope if rope.get("rope_type", "default") != "default" else cfg.get("rope_scaling")
     try:
         return ModelConfig(
             vocab_size=int(cfg["vocab_size"]),
@@ -212,8 +216,8 @@ def config_from_hf(cfg: dict, source: Path) -> ModelConfig:
             num_heads=int(cfg["num_attention_heads"]),
             num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
             head_dim=cfg.get("head_dim"),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),

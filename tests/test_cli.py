@@ -1,0 +1,59 @@
+"""The console script end to end on the real default model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+
+def specdecode(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_generate_json():
+    out = specdecode("generate", "What is the capital of France?", "--json", "--max-new-tokens", "24",
+                     "--threads", "2")
+    record = json.loads(out.stdout)
+    for key in ("text", "token_ids", "num_tokens", "elapsed_s", "tok_per_s", "threads", "dtype"):
+        assert key in record
+    assert "Paris" in record["text"]
+    assert record["num_tokens"] == len(record["token_ids"]) <= 24
+    assert record["threads"] == 2
+
+
+def test_generate_stream_raw_and_summary():
+    out = specdecode("generate", "The capital of France is", "--raw", "--stream", "--max-new-tokens", "8")
+    assert out.stdout.strip()
+    assert "tok/s" in out.stderr
+
+
+def test_bad_model_path_is_a_clear_error(tmp_path):
+    out = specdecode("generate", "hi", "--model", str(tmp_path / "missing.gguf"), check=False)
+    assert out.returncode == 2
+    assert "missing.gguf: no such file or directory" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_sampling_args_are_clear_errors():
+    out = specdecode("generate", "hi", "--top-p", "0", check=False)
+    assert out.returncode == 2 and "top_p must be in (0, 1]" in out.stderr
+
+
+def test_bench_writes_json(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n{"turns": ["Name a color."], "category": "qa"}\n')
+    out_file = tmp_path / "bench.json"
+    specdecode("bench", "--methods", "baseline", "--prompts", str(prompts), "--max-new-tokens", "8",
+               "--warmup", "0", "--out", str(out_file), "--op-profile")
+    result = json.loads(out_file.read_text())
+    assert result["summary"][0]["method"] == "baseline"
+    assert result["summary"][0]["outputs_match_baseline"] == "2/2"
+    assert len(result["records"]) == 2 and result["environment"]["threads"] >= 1
+    assert result["op_profile"] and result["op_profile"][0]["op"].startswith("aten::")

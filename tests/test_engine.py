@@ -1,0 +1,109 @@
+"""The text layer (stop tokens, stop strings, streaming) and baseline decoding on a tiny model."""
+
+import pytest
+import torch
+
+from specdecode.engine import (ContextLengthError, Engine, GenerateOptions, TextAssembler,
+                               baseline_decode)
+from specdecode.loading import Tokenizer
+from specdecode.sampling import SamplingParams
+
+from conftest import tiny_model
+
+
+class CharTokenizer:
+    """Token i is chr(ord('a') + i) for i < 26; 26 is EOS, 27 and 28 halves of an 'é'."""
+
+    eos_token_id = 26
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) - ord("a") for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        out = bytearray()
+        for i in ids:
+            out += {26: b"</s>", 27: b"\xc3", 28: b"\xa9"}.get(i, bytes([ord("a") + i]))
+        return out.decode("utf-8", errors="replace")
+
+
+def tokenizer():
+    return Tokenizer(CharTokenizer(), (26,))
+
+
+def ids(text):
+    return [ord(c) - ord("a") for c in text]
+
+
+def feed(options, chunks):
+    asm = TextAssembler(tokenizer(), options)
+    out = []
+    for c in chunks:
+        chunk = asm.add(c)
+        out.append(chunk)
+        if chunk.finish_reason:
+            break
+    return asm, out
+
+
+def test_eos_stops_and_is_not_text():
+    asm, out = feed(GenerateOptions(max_new_tokens=50), [ids("ab"), [26], ids("cd")])
+    assert asm.text == "ab" and asm.finish_reason == "stop"
+    assert asm.token_ids == ids("ab") + [26]
+
+
+def test_stop_string_across_chunks_is_held_back_and_cut():
+    asm, out = feed(GenerateOptions(max_new_tokens=50, stop=("xyz",)), [ids("abx"), ids("y"), ids("zq")])
+    assert [c.text for c in out] == ["ab", "", ""]
+    assert asm.text == "ab" and asm.finish_reason == "stop"
+
+
+def test_false_stop_prefix_is_released():
+    asm, out = feed(GenerateOptions(max_new_tokens=6, stop=("xyz",)), [ids("abx"), ids("yq"), ids("r")])
+    assert "".join(c.text for c in out) == "abxyqr"
+    assert asm.finish_reason == "length"
+
+
+def test_max_new_tokens_truncates_a_multi_token_chunk():
+    asm, out = feed(GenerateOptions(max_new_tokens=3), [ids("abcdef")])
+    assert asm.token_ids == ids("abc") and asm.finish_reason == "length" and asm.text == "abc"
+
+
+def test_partial_utf8_is_held_back():
+    asm, out = feed(GenerateOptions(max_new_tokens=10), [ids("a") + [27], [28], ids("b")])
+    assert [c.text for c in out] == ["a", "é", "b"]
+
+
+def test_baseline_greedy_equals_naive_argmax_loop():
+    model = tiny_model(seed=4)
+    prompt = [1, 2, 3, 4]
+    got = [t for chunk in baseline_decode(model, prompt, 20, SamplingParams()) for t in chunk]
+    seq = list(prompt)
+    for _ in range(20):  # naive: full recompute, no cache
+        logits = model(torch.tensor([seq]), torch.arange(len(seq)), model.new_cache(1, 64)).logits
+        seq.append(int(logits[0, -1].argmax()))
+    assert got == seq[len(prompt):]
+
+
+def test_engine_generate_and_stream_agree():
+    model = tiny_model(seed=5, vocab_size=29)
+    engine = Engine(model, tokenizer())
+    opts = GenerateOptions(max_new_tokens=12, stop_token_ids=())
+    result = engine.generate(ids("abc"), opts)
+    streamed = list(engine.stream(ids("abc"), opts))
+    assert [t for c in streamed for t in c.token_ids] == result.token_ids
+    assert "".join(c.text for c in streamed) == result.text
+    assert result.num_tokens == 12 and result.finish_reason == "length"
+    assert result.to_dict()["tok_per_s"] > 0
+
+
+def test_seeded_sampling_is_reproducible():
+    model = tiny_model(seed=6, vocab_size=29)
+    engine = Engine(model, tokenizer())
+    opts = GenerateOptions(max_new_tokens=10, sampling=SamplingParams(temperature=1.0, seed=7), stop_token_ids=())
+    assert engine.generate(ids("ab"), opts).token_ids == engine.generate(ids("ab"), opts).token_ids
+
+
+def test_context_overflow_message_has_numbers():
+    model = tiny_model()
+    with pytest.raises(ContextLengthError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds"):
+        next(baseline_decode(model, [1] * 250, 10, SamplingParams()))

@@ -1,0 +1,108 @@
+"""Loading HF directories (checked against transformers) and clear errors for bad files."""
+
+import json
+
+import pytest
+import torch
+
+from specdecode.loading import ModelLoadError, load_hf_dir, load_model, resolve_model_dir
+
+
+def save_tiny_hf(tmp_path, model_type="llama", **cfg_overrides):
+    import transformers
+
+    common = dict(vocab_size=101, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=False)
+    common.update(cfg_overrides)
+    if model_type == "qwen2":
+        config = transformers.Qwen2Config(**common)
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        config = transformers.LlamaConfig(**common)
+        cls = transformers.LlamaForCausalLM
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("kind,overrides", [
+    ("llama", {}),
+    ("llama", {"tie_word_embeddings": True}),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    ("qwen2", {}),
+])
+def test_hf_directory_matches_transformers(tmp_path, kind, overrides):
+    ref = save_tiny_hf(tmp_path, kind, **overrides)
+    ours = load_hf_dir(tmp_path, torch.float32, "cpu")
+    tokens = torch.randint(0, 101, (1, 40))
+    with torch.no_grad():
+        expected = ref(tokens).logits
+    got = ours(tokens, torch.arange(40), ours.new_cache(1, 64)).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=2e-5)
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model(tmp_path / "nope.gguf")
+
+
+def test_unsupported_file_type(tmp_path):
+    f = tmp_path / "model.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="expected a .gguf file"):
+        resolve_model_dir(f)
+
+
+def test_corrupt_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "broken.gguf"
+    f.write_bytes(b"GGUF" + b"\x00" * 100)
+    with pytest.raises(ModelLoadError, match="broken.gguf: not a readable GGUF"):
+        load_model(f)
+
+
+def test_directory_without_weights(tmp_path):
+    save_tiny_hf(tmp_path)
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
+        load_hf_dir(tmp_path, torch.float32, "cpu")
+
+
+def test_truncated_safetensors(tmp_path):
+    save_tiny_hf(tmp_path)
+    f = next(tmp_path.glob("*.safetensors"))
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_hf_dir(tmp_path, torch.float32, "cpu")
+
+
+def test_config_weight_mismatch(tmp_path):
+    save_tiny_hf(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["hidden_size"] = 32
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="do not match config.json"):
+        load_hf_dir(tmp_path, torch.float32, "cpu")
+
+
+def test_unsupported_architecture(tmp_path):
+    save_tiny_hf(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="'gpt2' is not supported"):
+        load_hf_dir(tmp_path, torch.float32, "cpu")
+
+
+def test_invalid_config_json(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="invalid JSON"):
+        load_hf_dir(tmp_path, torch.float32, "cpu")
