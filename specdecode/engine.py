@@ -1,7 +1,8 @@
 """Generation: token decoders (pure generators of token chunks) and the text layer on top.
 
-A *decoder* is a generator that yields lists of new token ids: the baseline yields one
-token per target forward, a speculative decoder yields every token accepted in a cycle.
+A *decoder* is a generator of ``DecodeStep``s: the baseline yields one token per target
+forward, a speculative decoder yields every token accepted in a cycle together with the
+cycle's record (counts and phase times), which the engine aggregates.
 ``Engine`` adds what is common to both: stop tokens, stop strings, max tokens, streaming
 text and timing.
 """
@@ -16,9 +17,18 @@ import torch
 
 from .loading import Tokenizer
 from .model import Transformer
+from .profiler import CycleRecord, SpecProfile
 from .sampling import SamplingParams, sample
 
-TokenDecoder = Callable[..., Iterator[list[int]]]
+
+@dataclass
+class DecodeStep:
+    tokens: list[int]  # new tokens, in order
+    cycle: CycleRecord | None = None  # speculative cycles only
+    prefill_s: float | None = None  # set on the first step of a speculative decoder
+
+
+TokenDecoder = Callable[..., Iterator[DecodeStep]]
 
 
 class ContextLengthError(ValueError):
@@ -94,7 +104,7 @@ def check_context(model: Transformer, prompt_len: int, max_new_tokens: int, marg
 @torch.inference_mode()
 def baseline_decode(model: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
                     sampling: SamplingParams, generator: torch.Generator | None = None
-                    ) -> Iterator[list[int]]:
+                    ) -> Iterator[DecodeStep]:
     """Plain autoregressive decoding: one target forward per token."""
     cache = model.new_cache(1, check_context(model, len(prompt_ids), max_new_tokens))
     device = model.device
@@ -103,7 +113,7 @@ def baseline_decode(model: Transformer, prompt_ids: Sequence[int], max_new_token
     logits = model(tokens, positions, cache, logits_at=torch.tensor([-1], device=device)).logits
     for _ in range(max_new_tokens):
         token = sample(logits[0, -1], sampling, generator)
-        yield [int(token)]
+        yield DecodeStep([int(token)])
         position = torch.tensor([cache.length], device=device)
         logits = model(token.view(1, 1), position, cache).logits
 
@@ -175,20 +185,26 @@ class Engine:
         self.tokenizer = tokenizer
         self.decoder = decoder
 
-    def stream(self, prompt_ids: Sequence[int], options: GenerateOptions = GenerateOptions()
-               ) -> Iterator[StreamChunk]:
+    def stream(self, prompt_ids: Sequence[int], options: GenerateOptions = GenerateOptions(),
+               profile: SpecProfile | None = None) -> Iterator[StreamChunk]:
+        """Chunks of new tokens and text; speculative cycles are added to ``profile``."""
         text = TextAssembler(self.tokenizer, options)
         generator = None if options.sampling.greedy else options.sampling.make_generator(self.model.device)
-        chunks = self.decoder(self.model, prompt_ids, options.max_new_tokens, options.sampling, generator)
+        steps = self.decoder(self.model, prompt_ids, options.max_new_tokens, options.sampling, generator)
         try:
-            for new_ids in chunks:
-                chunk = text.add(new_ids)
+            for step in steps:
+                if profile is not None:
+                    if step.cycle is not None:
+                        profile.add(step.cycle)
+                    if step.prefill_s is not None:
+                        profile.prefill_s += step.prefill_s
+                chunk = text.add(step.tokens)
                 yield chunk
                 if chunk.finish_reason:
                     return
             yield StreamChunk([], "", text.finish_reason or "length")
         finally:
-            chunks.close()
+            steps.close()
 
     def generate(self, prompt_ids: Sequence[int], options: GenerateOptions = GenerateOptions(),
                  on_chunk: Callable[[StreamChunk], None] | None = None) -> GenerationResult:
@@ -197,7 +213,8 @@ class Engine:
         ids: list[int] = []
         text = []
         finish = "length"
-        for chunk in self.stream(prompt_ids, options):
+        profile = SpecProfile()
+        for chunk in self.stream(prompt_ids, options, profile):
             if ttft is None and chunk.token_ids:
                 ttft = time.perf_counter() - t0
             ids += chunk.token_ids
@@ -206,5 +223,9 @@ class Engine:
                 on_chunk(chunk)
             finish = chunk.finish_reason or finish
         elapsed = time.perf_counter() - t0
+        stats = {}
+        if profile.cycles:
+            depth = getattr(self.decoder, "max_depth", profile.max_depth)
+            stats = profile.to_dict(depth)
         return GenerationResult("".join(text), ids, len(prompt_ids), finish, elapsed,
-                                ttft if ttft is not None else elapsed)
+                                ttft if ttft is not None else elapsed, stats)

@@ -160,12 +160,13 @@ class KVCache(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, in_features: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         q, kv = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         # q, k and v fused in one matrix: one GEMV per layer instead of three.
-        self.qkv_proj = Linear(config.hidden_size, q + 2 * kv, bias=config.attention_bias)
+        # (in_features: the EAGLE-3 draft layer attends over [embedding, hidden] = 2H.)
+        self.qkv_proj = Linear(in_features or config.hidden_size, q + 2 * kv, bias=config.attention_bias)
         self.o_proj = Linear(q, config.hidden_size, bias=False)
         self.split = (q, kv, kv)
 
@@ -239,9 +240,7 @@ class Transformer(nn.Module):
         return KVCache(self.config, batch_size, max_len, self.dtype, self.device)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return rope_cos_sin(self.inv_freq, positions, self.dtype)
 
     def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache,
                 attention_mask: Tensor | None = None,
@@ -266,7 +265,7 @@ class Transformer(nn.Module):
             )
         if positions.dim() == 1:
             positions = positions.expand(B, T)
-        mask = self._attention_mask(attention_mask, B, T, start)
+        mask = build_attention_mask(attention_mask, T, start, self.device)
         cos, sin = self.rope(positions)
         x = self.embed_tokens(tokens)
         taps = set(hidden_layers)
@@ -283,17 +282,26 @@ class Transformer(nn.Module):
         logits = self.lm_head(self.norm(x))
         return ForwardOutput(logits, [hidden[i] for i in hidden_layers])
 
-    def _attention_mask(self, mask: Tensor | None, B: int, T: int, start: int) -> Tensor | None:
-        S = start + T
-        if mask is None:
-            if T == 1:
-                return None
-            mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-        if mask.dtype != torch.bool:
-            raise TypeError(f"attention_mask must be bool, got {mask.dtype}")
-        if mask.shape[-1] == T and S != T:
-            prefix = torch.ones(*mask.shape[:-1], start, dtype=torch.bool, device=mask.device)
-            mask = torch.cat((prefix, mask), dim=-1)
-        if mask.shape[-2:] != (T, S):
-            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected [..., {T}, {T} or {S}]")
-        return mask.view(-1, 1, T, S) if mask.dim() == 3 else mask
+
+def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [B, 1, T, D] for positions [B, T]."""
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def build_attention_mask(mask: Tensor | None, T: int, start: int, device: torch.device) -> Tensor | None:
+    """The SDPA mask for T new tokens after ``start`` cached ones (see Transformer.forward)."""
+    S = start + T
+    if mask is None:
+        if T == 1:
+            return None
+        mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention_mask must be bool, got {mask.dtype}")
+    if mask.shape[-1] == T and S != T:
+        prefix = torch.ones(*mask.shape[:-1], start, dtype=torch.bool, device=mask.device)
+        mask = torch.cat((prefix, mask), dim=-1)
+    if mask.shape[-2:] != (T, S):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected [..., {T}, {T} or {S}]")
+    return mask.view(-1, 1, T, S) if mask.dim() == 3 else mask

@@ -76,7 +76,7 @@ def test_partial_utf8_is_held_back():
 def test_baseline_greedy_equals_naive_argmax_loop():
     model = tiny_model(seed=4)
     prompt = [1, 2, 3, 4]
-    got = [t for chunk in baseline_decode(model, prompt, 20, SamplingParams()) for t in chunk]
+    got = [t for step in baseline_decode(model, prompt, 20, SamplingParams()) for t in step.tokens]
     seq = list(prompt)
     for _ in range(20):  # naive: full recompute, no cache
         logits = model(torch.tensor([seq]), torch.arange(len(seq)), model.new_cache(1, 64)).logits
