@@ -269,6 +269,8 @@ class Transformer(nn.Module):
         cos, sin = self.rope(positions)
         x = self.embed_tokens(tokens)
         taps = set(hidden_layers)
+        if any(not 0 <= i <= self.config.num_layers for i in taps):
+            raise ValueError(f"hidden_layers {list(hidden_layers)} out of range for {self.config.num_layers} layers")
         hidden: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in taps:
