@@ -21,6 +21,46 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads (default: $SPECDECODE_THREADS or the cores available)")
 
 
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (EAGLE-3)")
+    g.add_argument("--drafter", default=None,
+                   help="EAGLE-3 drafter directory (config.json + safetensors, SGLang/vLLM/SpecForge format), "
+                        "or 'random' for an untrained one (profiling only). Default: the shipped drafter when "
+                        "the model is the default SmolLM2, else none")
+    g.add_argument("--no-spec", action="store_true", help="plain decoding (the baseline), even with a drafter")
+    g.add_argument("--num-steps", type=int, default=None, help="draft depth (default 4)")
+    g.add_argument("--topk", type=int, default=1, help="branching per draft step; 1 = chain (default)")
+    g.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="tree nodes verified, root included (default: num_steps + 1 for a chain)")
+    g.add_argument("--aux-layer-convention", choices=("sglang", "vllm"), default=None,
+                   help="how to read explicit eagle_aux_hidden_state_layer_ids in a drafter config "
+                        "(sglang: id = output of layer id; vllm: id = input of layer id)")
+    g.add_argument("--profile", action="store_true", help="print the per-phase profile table")
+    g.add_argument("--no-sync", action="store_true",
+                   help="on CUDA, do not synchronize at phase boundaries (the asynchronous view)")
+
+
+def build_decoder(args: argparse.Namespace, loaded):
+    """(decoder, description) from the speculative flags; the baseline when none apply."""
+    from .drafter import load_drafter, random_drafter
+    from .engine import baseline_decode
+    from .loading import default_drafter_path
+    from .speculative import Eagle3Decoder, SpecConfig
+
+    path = args.drafter or (None if args.model else default_drafter_path())
+    if args.no_spec or path is None:
+        return baseline_decode, "baseline"
+    if path == "random":
+        # an untrained head with a realistic reduced vocabulary (profiling the phases)
+        drafter = random_drafter(loaded.model, draft_vocab_size=min(8192, loaded.model.config.vocab_size), seed=0)
+    else:
+        drafter = load_drafter(path, loaded.model, convention=args.aux_layer_convention)
+    config = SpecConfig(args.num_steps or 4, args.topk, args.num_draft_tokens)
+    desc = (f"eagle3 (drafter {path}, steps={config.num_steps}, topk={config.topk}, "
+            f"draft_tokens={config.num_draft_tokens})")
+    return Eagle3Decoder(drafter, config, sync=not args.no_sync), desc
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-new-tokens", type=int, default=256)
@@ -44,8 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and timings")
     add_model_args(gen)
+    add_spec_args(gen)
     add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
+
+    from .check import add_check_args, cmd_check
+    check = sub.add_parser("check", help="greedy losslessness of speculative decoding on real prompts",
+                           description="Compare speculative and baseline greedy output token by token; report "
+                                       "the first divergence and the top-2 logit gap there.")
+    add_check_args(check)
+    add_model_args(check)
+    add_spec_args(check)
+    check.set_defaults(func=cmd_check)
 
     from .bench import add_bench_args, cmd_bench
     bench = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",
@@ -83,7 +133,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingParams(args.temperature, args.top_k, args.top_p, args.seed),
         stop=tuple(args.stop))
-    engine = Engine(loaded.model, tok)
+    decoder, method = build_decoder(args, loaded)
+    engine = Engine(loaded.model, tok, decoder)
 
     if args.json:
         result = engine.generate(prompt_ids, options)
@@ -109,8 +160,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(result.text)
 
     record = result.to_dict() | {
-        "model": str(loaded.source), "dtype": args.dtype, "device": str(device),
+        "method": method, "model": str(loaded.source), "dtype": args.dtype, "device": str(device),
         "threads": threads, "load_s": load_s}
+    if args.profile and result.stats:
+        from .profiler import format_profile
+
+        err.print(format_profile(record), markup=False, highlight=False)
     if args.json:
         print(json.dumps(record))
     else:
@@ -118,6 +173,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
                   f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
                   f"{args.dtype}, {device}, {threads} threads, model loaded in {load_s:.1f} s)")
+        if result.stats:
+            err.print(f"{method}: accept length {result.stats['accept_length']:.2f}, "
+                      f"accept rate {result.stats['accept_rate']:.2f}", markup=False, highlight=False)
     return 0
 
 

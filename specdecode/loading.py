@@ -54,6 +54,14 @@ def default_model_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
 
 
+SHIPPED_DRAFTER = Path(__file__).parent / "drafters" / "smollm2-135m-instruct-eagle3"
+
+
+def default_drafter_path() -> Path | None:
+    """The drafter shipped for the default model, if this checkout has one."""
+    return SHIPPED_DRAFTER if (SHIPPED_DRAFTER / "config.json").exists() else None
+
+
 def cache_root() -> Path:
     if env := os.environ.get("SPECDECODE_CACHE"):
         return Path(env)

@@ -254,6 +254,7 @@ def eagle3_decode(target: Transformer, drafter: Eagle3Drafter, prompt_ids: Seque
         acc = accept_greedy(tree, ver) if sampling.greedy else accept_sampling(tree, ver, sampling, generator)
         tcache.keep(start, torch.tensor(acc.path, device=device) + start)
         new_tokens = acc.new_tokens(tree)
+        clock.mark("other")  # acceptance and cache compaction
         state = extend_draft(drafter, dcache, ver.hidden[acc.path], torch.tensor(new_tokens, device=device), start)
         clock.mark("extend")
         root, produced = new_tokens[-1], produced + len(new_tokens)
