@@ -200,6 +200,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default=None,
                    help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per method before measuring")
     p.add_argument("--runs", type=int, default=1, help="passes over the prompt set")
@@ -222,7 +223,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if len(set(specs)) != len(specs):
         raise ValueError(f"--methods lists a method twice: {args.methods}")
     methods = [build_method(s, loaded, dtype, device) for s in specs]
-    prompts = load_prompts(args.prompts, args.num_prompts)
+    prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
     encoded = [encode_prompt(p, loaded.tokenizer) for p in prompts]
 
     records = []

@@ -44,7 +44,8 @@ def compare(model, prompt_ids: list[int], base: list[int], spec: list[int]) -> d
 
 def add_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default=None, help="Spec-Bench jsonl or {\"prompt\": ...} jsonl (default: built-in)")
-    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--tolerance", type=float, default=1e-3,
                    help="largest top-2 logit gap at which a divergence counts as a near-tie (fp32: 1e-3)")
@@ -65,7 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     configure_threads(args.threads)
     loaded = load_model(args.model, args.dtype, resolve_device(args.device))
     model = loaded.model
-    prompts = load_prompts(args.prompts, args.num_prompts)
+    prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
     base_engine = Engine(model, loaded.tokenizer, baseline_decode)
     if args.self_draft:
         method = "self-draft"

@@ -88,6 +88,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
 
+    from .data import add_data_args, cmd_data_build
+    data = sub.add_parser("data", help="build drafter training data with the target model")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    build = data_sub.add_parser("build", help="let the target answer prompts; store tokens and loss masks",
+                                description="Apply the chat template to seed prompts (and instructions the "
+                                            "target bootstraps from them), let the target generate the responses "
+                                            "(batched; greedy and sampled mix), and append them to a resumable "
+                                            "on-disk data set with a held-out split.")
+    add_data_args(build)
+    add_model_args(build)
+    build.set_defaults(func=cmd_data_build)
+
+    from .train import add_train_args, cmd_train
+    tr = sub.add_parser("train", help="train an EAGLE-3 drafter (training-time test, online target)",
+                        description="Train an EAGLE-3 draft head on a data set from `specdecode data build`. "
+                                    "Resumes from OUT/checkpoint; writes OUT/config.json + model.safetensors "
+                                    "in the SGLang/vLLM/SpecForge format.")
+    add_train_args(tr)
+    tr.set_defaults(func=cmd_train)
+
     from .check import add_check_args, cmd_check
     check = sub.add_parser("check", help="greedy losslessness of speculative decoding on real prompts",
                            description="Compare speculative and baseline greedy output token by token; report "

@@ -229,3 +229,45 @@ class Engine:
             stats = profile.to_dict(depth)
         return GenerationResult("".join(text), ids, len(prompt_ids), finish, elapsed,
                                 ttft if ttft is not None else elapsed, stats)
+
+
+@torch.inference_mode()
+def batch_generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                   sampling: SamplingParams, stop_token_ids: Sequence[int],
+                   generator: torch.Generator | None = None) -> list[list[int]]:
+    """Generate for several prompts at once (left padding, per-row positions and masks).
+    Each result ends at its first stop token (included) or after ``max_new_tokens``."""
+    device, B = model.device, len(prompts)
+    width = max(len(p) for p in prompts)
+    check_context(model, width, max_new_tokens)
+    tokens = torch.zeros(B, width, dtype=torch.long, device=device)
+    valid = torch.zeros(B, width + max_new_tokens, dtype=torch.bool, device=device)
+    for b, p in enumerate(prompts):
+        tokens[b, width - len(p):] = torch.tensor(list(p), device=device)
+        valid[b, width - len(p):width] = True
+    positions = (valid[:, :width].cumsum(-1) - 1).clamp(min=0)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    mask = (causal & valid[:, None, :width]) | torch.eye(width, dtype=torch.bool, device=device)
+    cache = model.new_cache(B, width + max_new_tokens)
+    logits = model(tokens, positions, cache, attention_mask=mask, logits_at=torch.tensor([-1], device=device)).logits
+    stops = torch.tensor(list(stop_token_ids) or [-1], device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    out = []
+    last_pos = positions[:, -1]
+    for step in range(max_new_tokens):
+        token = sample(logits[:, -1], sampling, generator)
+        token = torch.where(done, stops[0].clamp(min=0), token)
+        out.append(token)
+        done |= torch.isin(token, stops)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        valid[:, width + step] = True
+        last_pos = last_pos + 1
+        S = width + step + 1
+        logits = model(token.view(B, 1), last_pos.view(B, 1), cache, attention_mask=valid[:, None, :S]).logits
+    rows = torch.stack(out, dim=1).tolist()
+    results = []
+    for row in rows:
+        cut = next((i + 1 for i, t in enumerate(row) if t in set(stop_token_ids)), len(row))
+        results.append(row[:cut])
+    return results

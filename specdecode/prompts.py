@@ -32,12 +32,25 @@ def builtin_prompts() -> list[Prompt]:
             for i, (cat, text) in enumerate(BUILTIN)]
 
 
-def load_prompts(path: str | Path | None, limit: int | None = None) -> list[Prompt]:
+def load_prompts(path: str | Path | None, limit: int | None = None,
+                 per_category: int | None = None) -> list[Prompt]:
     """Spec-Bench format (``turns``, ``category``: the first turn is used) or
-    ``{"prompt": ...}`` / ``{"messages": [...]}`` lines; None gives the built-in set."""
-    if path is None:
-        prompts = builtin_prompts()
-        return prompts[:limit] if limit else prompts
+    ``{"prompt": ...}`` / ``{"messages": [...]}`` lines; None gives the built-in set.
+    ``per_category`` keeps the first N of each category (a balanced sample), ``limit``
+    the first N overall."""
+    prompts = _read_prompts(path) if path is not None else builtin_prompts()
+    if per_category:
+        seen: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
+    return prompts[:limit] if limit else prompts
+
+
+def _read_prompts(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: prompt file not found")
@@ -61,8 +74,6 @@ def load_prompts(path: str | Path | None, limit: int | None = None) -> list[Prom
             prompts.append(Prompt(pid, category, text=row["text"]))
         else:
             raise ValueError(f"{path}:{n}: expected a 'turns', 'messages', 'prompt' or 'text' field")
-        if limit and len(prompts) >= limit:
-            break
     if not prompts:
         raise ValueError(f"{path}: no prompts found")
     return prompts

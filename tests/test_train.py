@@ -1,0 +1,124 @@
+"""`specdecode train` on a tiny config: runs, writes the EAGLE-3 format, resumes exactly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdecode.data import DataSet, draft_vocab, heldout_split
+from specdecode.drafter import load_drafter
+from specdecode.loading import load_hf_dir
+
+from test_loading import save_tiny_hf
+
+
+@pytest.fixture
+def tiny_setup(tmp_path):
+    model_dir = tmp_path / "model"
+    save_tiny_hf(model_dir, num_hidden_layers=4)
+    ds = DataSet(tmp_path / "data")
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in range(48):
+        prompt_len = 4 + n % 5
+        length = prompt_len + 10 + n % 13
+        ids = torch.randint(0, 101, (length,), generator=gen).tolist()
+        pid = f"{n:016x}"
+        rows.append(({"id": pid, "split": "heldout" if n % 8 == 0 else "train", "source": "test",
+                      "mode": "greedy", "loss_ranges": [[prompt_len, length]]}, ids))
+    ds.append(rows)
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"format": "specdecode-data-v1"}))
+    return model_dir, tmp_path / "data", tmp_path
+
+
+def train_cmd(model_dir, data, out, *extra):
+    return [sys.executable, "-m", "specdecode.cli", "train", "--model", str(model_dir), "--data", str(data),
+            "--out", str(out), "--draft-vocab-size", "64", "--ttt-steps", "3", "--batch-tokens", "160",
+            "--max-len", "64", "--eval-every", "5", "--eval-samples", "6", "--threads", "1", *extra]
+
+
+def test_train_writes_eagle3_checkpoint_that_the_engine_loads(tiny_setup):
+    model_dir, data, tmp = tiny_setup
+    out = tmp / "drafter"
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "6", "--save-every", "3"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 6 and summary["final_eval"]["accept_length"] >= 1.0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 64
+    assert load_file(str(out / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16
+    target = load_hf_dir(model_dir, torch.float32, "cpu")
+    drafter = load_drafter(out, target)
+    assert int(drafter.t2d.sum()) == 64
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert len(log) == 6 and all(len(r["acc"]) == 3 for r in log)
+
+
+def test_kill_and_resume_gives_the_same_result(tiny_setup):
+    model_dir, data, tmp = tiny_setup
+    steps = "30"
+    ref = subprocess.run(train_cmd(model_dir, data, tmp / "ref", "--max-steps", steps, "--save-every", "1"),
+                         capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr
+
+    out = tmp / "killed"
+    proc = subprocess.Popen(train_cmd(model_dir, data, out, "--max-steps", steps, "--save-every", "1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = out / "checkpoint" / "trainer_state.json"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            if json.loads(state.read_text())["step"] >= 8:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(state.read_text())["step"]
+    assert 8 <= killed_at < int(steps), "the run finished before it could be killed"
+    resumed = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", steps, "--save-every", "1"),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr
+    a = load_file(str(tmp / "ref" / "model.safetensors"))
+    b = load_file(str(out / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def test_mismatched_checkpoint_is_a_clear_error(tiny_setup):
+    model_dir, data, tmp = tiny_setup
+    out = tmp / "d"
+    assert subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "2", "--save-every", "1"),
+                          capture_output=True, text=True, timeout=300).returncode == 0
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "4").__add__(["--seed", "5"]),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "checkpoint was made with seed=0" in proc.stderr
+    (out / "checkpoint" / "trainer_state.json").write_text("{broken")
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "4"), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "corrupt checkpoint" in proc.stderr
+
+
+def test_draft_vocab_is_top_frequency_with_offsets():
+    import numpy as np
+
+    counts = np.array([5, 0, 9, 1, 7, 0])
+    d2t, t2d, coverage = draft_vocab(counts, 3)
+    assert t2d.tolist() == [True, False, True, False, True, False]
+    assert (torch.arange(3) + d2t).tolist() == [0, 2, 4]
+    assert coverage == pytest.approx(21 / 22)
+
+
+def test_heldout_split_is_stable():
+    assert heldout_split("ffffffff00000000", 5.0) == heldout_split("ffffffff00000000", 5.0)
+    share = sum(heldout_split(f"{i * 2654435761 % 2**32:08x}", 10.0) == "heldout" for i in range(2000)) / 2000
+    assert 0.07 < share < 0.13
