@@ -45,11 +45,13 @@ class Method(Protocol):
 
 
 class BaselineMethod:
-    """Our non-speculative decode: the reference every speedup is measured against."""
+    """Our non-speculative decode: the reference every speedup is measured against
+    (or, given a decoder, any engine decoder: EAGLE-3 configurations)."""
 
-    def __init__(self, name: str, loaded: LoadedModel) -> None:
+    def __init__(self, name: str, loaded: LoadedModel, decoder=None) -> None:
         self.name = name
-        self.engine = Engine(loaded.model, loaded.tokenizer)
+        self.engine = Engine(loaded.model, loaded.tokenizer, decoder) if decoder else Engine(
+            loaded.model, loaded.tokenizer)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
@@ -98,6 +100,19 @@ class HFMethod:
         return RunOutput(out[0, len(prompt_ids):].tolist(), elapsed, (first[0] if first else t0 + elapsed) - t0)
 
 
+def split_methods(text: str) -> list[str]:
+    """Split ``--methods`` on commas that start a new method (``eagle3:steps=2,topk=1,hf``)."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if out and "=" in part and ":" not in part:
+            out[-1] += "," + part  # a parameter of the method before
+        else:
+            out.append(part)
+    return out
+
+
 def parse_method(spec: str) -> tuple[str, dict[str, str]]:
     """``name`` or ``name:key=value,key=value``."""
     name, _, rest = spec.partition(":")
@@ -110,15 +125,43 @@ def parse_method(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip(), params
 
 
-def build_method(spec: str, loaded: LoadedModel, dtype: torch.dtype, device: torch.device) -> Method:
+EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
+
+
+def build_method(spec: str, loaded: LoadedModel, dtype: torch.dtype, device: torch.device,
+                 drafter_path: str | None = None, drafters: dict | None = None) -> Method:
+    """``baseline``, ``hf``, or ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]``."""
     name, params = parse_method(spec)
-    if params:
+    if name in ("baseline", "hf") and params:
         raise ValueError(f"method {name!r} takes no parameters (got {params})")
     if name == "baseline":
         return BaselineMethod(spec, loaded)
     if name == "hf":
         return HFMethod(spec, loaded, dtype, device)
-    raise ValueError(f"unknown method {name!r}; available: baseline, hf")
+    if name == "eagle3":
+        from .drafter import load_drafter, random_drafter
+        from .loading import default_drafter_path
+        from .speculative import Eagle3Decoder, SpecConfig
+
+        unknown = set(params) - set(EAGLE3_KEYS) - {"drafter"}
+        if unknown:
+            raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; "
+                             f"use {', '.join(EAGLE3_KEYS)}, drafter")
+        path = params.get("drafter") or drafter_path or default_drafter_path()
+        if path is None:
+            raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
+        path = str(path)
+        drafters = {} if drafters is None else drafters
+        if path not in drafters:  # one drafter instance shared by all configurations
+            drafters[path] = (random_drafter(loaded.model, min(8192, loaded.model.config.vocab_size))
+                              if path == "random" else load_drafter(path, loaded.model))
+        try:
+            kwargs = {EAGLE3_KEYS[k]: int(v) for k, v in params.items() if k in EAGLE3_KEYS}
+        except ValueError:
+            raise ValueError(f"method {spec!r}: steps, topk and draft_tokens must be integers") from None
+        config = SpecConfig(**({"num_steps": 4} | kwargs))
+        return BaselineMethod(spec, loaded, Eagle3Decoder(drafters[path], config))
+    raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N]")
 
 
 def environment(args: argparse.Namespace, threads: int, device: torch.device) -> dict:
@@ -180,6 +223,11 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             "speedup": speedup, "speedup_ci95": [lo, hi],
             "outputs_match_baseline": f"{sum(matches)}/{len(matches)}",
         })
+        spec = [r for r in rs if r.get("cycles")]
+        if spec:
+            cycles = sum(r["cycles"] for r in spec)
+            rows[-1]["accept_length"] = sum(r["accept_length"] * r["cycles"] for r in spec) / cycles
+            rows[-1]["accept_rate"] = statistics.fmean(r["accept_rate"] for r in spec)
     return rows
 
 
@@ -195,8 +243,10 @@ def op_profile(method: BaselineMethod, prompt_ids: list[int], max_new_tokens: in
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default="baseline,hf",
-                   help="comma-separated methods; the first is the reference for speedups "
-                        "(available: baseline, hf)")
+                   help="comma-separated methods; the first is the reference for speedups. Available: baseline, "
+                        "hf (transformers generate), eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH], e.g. "
+                        "'baseline,eagle3:steps=2,topk=1,eagle3:steps=5,topk=4,draft_tokens=16'")
+    p.add_argument("--drafter", default=None, help="drafter for eagle3 methods (default: the shipped one)")
     p.add_argument("--prompts", default=None,
                    help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
@@ -219,10 +269,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     dtype = parse_dtype(args.dtype)
     loaded = load_model(args.model, dtype, device)
-    specs = [s.strip() for s in args.methods.split(",") if s.strip()]
+    specs = split_methods(args.methods)
     if len(set(specs)) != len(specs):
         raise ValueError(f"--methods lists a method twice: {args.methods}")
-    methods = [build_method(s, loaded, dtype, device) for s in specs]
+    drafters: dict = {}
+    methods = [build_method(s, loaded, dtype, device, args.drafter, drafters) for s in specs]
     prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
     encoded = [encode_prompt(p, loaded.tokenizer) for p in prompts]
 
@@ -248,22 +299,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     progress.advance(task)
 
     summary = summarize(records, specs)
+    categories = sorted({r["category"] for r in records})
+    by_category = {c: summarize([r for r in records if r["category"] == c], specs) for c in categories}
     table = Table(title=f"specdecode bench: {len(prompts)} prompts x {args.runs} runs, "
                         f"{args.max_new_tokens} new tokens, {dtype}, {threads} threads, {device}")
     for col in ("method", "tok/s median", "min", "max", "ms/token", "TTFT ms", "speedup (95% CI)",
-                "same output"):
+                "accept len", "same output"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for row in summary:
         lo, hi = row["speedup_ci95"]
         table.add_row(row["method"], f"{row['tok_per_s_median']:.1f}", f"{row['tok_per_s_min']:.1f}",
                       f"{row['tok_per_s_max']:.1f}", f"{row['ms_per_token_median']:.1f}",
                       f"{row['ttft_ms_median']:.0f}", f"{row['speedup']:.2f}x ({lo:.2f}-{hi:.2f})",
+                      f"{row['accept_length']:.2f}" if "accept_length" in row else "-",
                       row["outputs_match_baseline"])
     out = Console(width=160) if not sys.stdout.isatty() else Console()
     out.print(table)
+    if len(categories) > 1:
+        cat_table = Table(title="per category: tok/s median / speedup / accept length")
+        cat_table.add_column("category")
+        for m in specs:
+            cat_table.add_column(m, justify="right")
+        for c in categories:
+            cells = []
+            for row in by_category[c]:
+                acc = f" / {row['accept_length']:.2f}" if "accept_length" in row else ""
+                cells.append(f"{row['tok_per_s_median']:.1f} / {row['speedup']:.2f}x{acc}")
+            cat_table.add_row(c, *cells)
+        out.print(cat_table)
 
     result = {"environment": environment(args, threads, device), "model": str(loaded.source),
-              "max_new_tokens": args.max_new_tokens, "summary": summary, "records": records}
+              "max_new_tokens": args.max_new_tokens, "summary": summary, "by_category": by_category,
+              "records": records}
     if args.op_profile:
         base = next((m for m in methods if isinstance(m, BaselineMethod)), None) or BaselineMethod(
             "baseline", loaded)

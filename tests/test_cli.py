@@ -57,3 +57,35 @@ def test_bench_writes_json(tmp_path):
     assert result["summary"][0]["outputs_match_baseline"] == "2/2"
     assert len(result["records"]) == 2 and result["environment"]["threads"] >= 1
     assert result["op_profile"] and result["op_profile"][0]["op"].startswith("aten::")
+
+
+def test_bench_eagle3_methods_and_categories(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n{"turns": ["Name a color."], "category": "qa"}\n')
+    out_file = tmp_path / "bench.json"
+    specdecode("bench", "--methods", "baseline,eagle3:steps=2,topk=1,eagle3:steps=2,topk=2,draft_tokens=4",
+               "--drafter", "random", "--prompts", str(prompts), "--max-new-tokens", "8", "--warmup", "0",
+               "--out", str(out_file))
+    result = json.loads(out_file.read_text())
+    names = [row["method"] for row in result["summary"]]
+    assert names == ["baseline", "eagle3:steps=2,topk=1", "eagle3:steps=2,topk=2,draft_tokens=4"]
+    for row in result["summary"][1:]:
+        assert row["outputs_match_baseline"] == "2/2"
+        assert row["accept_length"] >= 1.0
+    assert set(result["by_category"]) == {"greet", "qa"}
+
+
+def test_generate_with_random_drafter_json_has_spec_fields():
+    out = specdecode("generate", "Hi", "--drafter", "random", "--num-steps", "2", "--json", "--max-new-tokens", "12",
+                     "--profile")
+    record = json.loads(out.stdout)
+    for key in ("accept_length", "accept_rate", "per_position_accept", "phases"):
+        assert key in record
+    assert set(record["phases"]) == {"draft", "verify", "extend", "other"}
+    assert "EAGLE3 profile" in out.stderr and "Target verify" in out.stderr
+
+
+def test_mismatched_drafter_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 8}')
+    out = specdecode("generate", "Hi", "--drafter", str(tmp_path), check=False)
+    assert out.returncode == 2 and "LlamaForCausalLMEagle3" in out.stderr and "Traceback" not in out.stderr
