@@ -159,6 +159,27 @@ class KVCache(nn.Module):
         self.length = start + n
 
 
+# Decode and verify steps (few queries) in bf16/fp16 use explicit matmuls: on CPU, SDPA's
+# flash kernel took 4.0 ms against 0.4 ms for this path (bf16, batch 32, 300 keys) and
+# 128 us against 51 us (batch 1); in fp32 SDPA is as fast or faster, so fp32 keeps it.
+_SMALL_QUERY = 16
+
+
+def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """GQA attention for few queries. q [B, H, T, D]; k, v [B, KV, S, D]; mask broadcastable
+    to [B, 1, T, S] (True = attend). Softmax in fp32."""
+    B, H, T, D = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(B, kv, (H // kv) * T, D)  # heads of a group share their k/v
+    scores = (qg @ k.transpose(-1, -2)).float() * (D ** -0.5)
+    if mask is not None:
+        S = k.shape[2]
+        scores = scores.view(B, kv, H // kv, T, S).masked_fill(~mask.reshape(-1, 1, 1, T, S),
+                                                              float("-inf")).view(B, kv, (H // kv) * T, S)
+    out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
+    return out.view(B, H, T, D)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, in_features: int | None = None) -> None:
         super().__init__()
@@ -179,7 +200,10 @@ class Attention(nn.Module):
         layer_k[:, :, start:start + T] = k
         layer_v[:, :, start:start + T] = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         keys, values = layer_k[:, :, :start + T], layer_v[:, :, :start + T]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        if T <= _SMALL_QUERY and q.dtype in (torch.bfloat16, torch.float16):
+            out = small_query_attention(q, keys, values, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
