@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(tr)
     tr.set_defaults(func=cmd_train)
 
+    from .train import add_eval_args, cmd_eval
+    ev = sub.add_parser("eval-drafter", help="held-out acceptance: trainer estimate vs engine measurement",
+                        description="On held-out greedy samples, compare the accept length simulated from the "
+                                    "training-time test with the one the engine measures (same prompts).")
+    add_eval_args(ev)
+    ev.set_defaults(func=cmd_eval)
+
     from .check import add_check_args, cmd_check
     check = sub.add_parser("check", help="greedy losslessness of speculative decoding on real prompts",
                            description="Compare speculative and baseline greedy output token by token; report "

@@ -93,7 +93,7 @@ def dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
 
 
 def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count: int, seed: int,
-                           batch_size: int = 32) -> list[PromptRecord]:
+                           batch_size: int = 32, on_batch=None) -> list[PromptRecord]:
     """New instructions written by the target, self-instruct style: show it a few seed
     instructions and ask for a new one (sampled, so each request differs)."""
     rng = random.Random(seed)
@@ -118,7 +118,10 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
             if 15 <= len(text) <= 300:
                 msgs = _user(text)
                 out.append(PromptRecord(prompt_id(msgs), "bootstrapped", msgs))
-    return dedupe(out)[:count]
+        out = dedupe(out)
+        if on_batch:
+            on_batch(len(out), attempts)
+    return out[:count]
 
 
 class DataSet:
@@ -219,7 +222,11 @@ def build(args: argparse.Namespace) -> dict:
             boot = list(read_prompt_file(boot_path))
         else:
             t0 = time.perf_counter()
-            boot = bootstrap_instructions(loaded, records, args.bootstrap, args.seed)
+            with console.status("bootstrapping instructions") as status:
+                boot = bootstrap_instructions(
+                    loaded, records, args.bootstrap, args.seed, batch_size=args.batch_size,
+                    on_batch=lambda n, tried: status.update(f"bootstrapping instructions: {n}/{args.bootstrap} "
+                                                            f"kept of {tried} asked"))
             Path(args.out).mkdir(parents=True, exist_ok=True)
             boot_path.write_text("".join(json.dumps({"prompt": r.messages[0]["content"]}) + "\n" for r in boot))
             console.print(f"bootstrapped {len(boot)} new instructions in {time.perf_counter() - t0:.0f} s")
@@ -244,19 +251,15 @@ def build(args: argparse.Namespace) -> dict:
         for start in range(0, len(todo), args.batch_size):
             batch = sorted(todo[start:start + args.batch_size], key=lambda r: len(r.messages[-1]["content"]))
             modes = ["sampled" if rng.random() < args.sampled_fraction else "greedy" for _ in batch]
+            prompts = [tok.encode_chat(list(r.messages))[-args.max_prompt_tokens:] for r in batch]
+            outs = batch_generate(loaded.model, prompts, args.max_new_tokens,
+                                  [greedy if m == "greedy" else sampled for m in modes], tok.eos_token_ids, gen)
             rows = []
-            for mode in ("greedy", "sampled"):
-                chosen = [r for r, m in zip(batch, modes) if m == mode]
-                if not chosen:
-                    continue
-                prompts = [tok.encode_chat(list(r.messages))[-args.max_prompt_tokens:] for r in chosen]
-                outs = batch_generate(loaded.model, prompts, args.max_new_tokens,
-                                      greedy if mode == "greedy" else sampled, tok.eos_token_ids, gen)
-                for r, p, o in zip(chosen, prompts, outs):
-                    meta = {"id": r.id, "split": heldout_split(r.id, args.heldout_percent), "source": r.source,
-                            "mode": mode, "loss_ranges": [[len(p), len(p) + len(o)]]}
-                    rows.append((meta, p + o))
-                    new_tokens += len(o)
+            for r, mode, p, o in zip(batch, modes, prompts, outs):
+                meta = {"id": r.id, "split": heldout_split(r.id, args.heldout_percent), "source": r.source,
+                        "mode": mode, "loss_ranges": [[len(p), len(p) + len(o)]]}
+                rows.append((meta, p + o))
+                new_tokens += len(o)
             ds.append(rows)
             rate = new_tokens / (time.perf_counter() - t0)
             progress.update(task, advance=len(batch), rate=f"{rate:.0f} new tok/s")

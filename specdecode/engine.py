@@ -233,10 +233,11 @@ class Engine:
 
 @torch.inference_mode()
 def batch_generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                   sampling: SamplingParams, stop_token_ids: Sequence[int],
+                   sampling: SamplingParams | Sequence[SamplingParams], stop_token_ids: Sequence[int],
                    generator: torch.Generator | None = None) -> list[list[int]]:
     """Generate for several prompts at once (left padding, per-row positions and masks).
-    Each result ends at its first stop token (included) or after ``max_new_tokens``."""
+    ``sampling`` may differ per row. Each result ends at its first stop token (included)
+    or after ``max_new_tokens``."""
     device, B = model.device, len(prompts)
     width = max(len(p) for p in prompts)
     check_context(model, width, max_new_tokens)
@@ -254,8 +255,12 @@ def batch_generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new
     done = torch.zeros(B, dtype=torch.bool, device=device)
     out = []
     last_pos = positions[:, -1]
+    per_row = [sampling] * B if isinstance(sampling, SamplingParams) else list(sampling)
+    groups = {p: torch.tensor([i for i, q in enumerate(per_row) if q == p], device=device) for p in set(per_row)}
     for step in range(max_new_tokens):
-        token = sample(logits[:, -1], sampling, generator)
+        token = torch.empty(B, dtype=torch.long, device=device)
+        for params, rows_idx in groups.items():
+            token[rows_idx] = sample(logits[rows_idx, -1], params, generator)
         token = torch.where(done, stops[0].clamp(min=0), token)
         out.append(token)
         done |= torch.isin(token, stops)

@@ -41,7 +41,7 @@ class TrainConfig:
     data: str
     out: str
     model: str | None = None
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int = 4096
     ttt_steps: int = 7
     step_weight: float = 0.8
     max_len: int = 768
@@ -105,26 +105,41 @@ def collate(ds: DataSet, rows: list[dict], idx: list[int], max_len: int, tokens_
 @dataclass
 class TargetBatch:
     hidden: Tensor  # [B, T, n_aux*H] fused aux taps
-    logp: Tensor  # [B, T, Vd] target log-probs restricted (renormalized) to the draft vocab
-    best: Tensor  # [B, T] draft id of the target's argmax (-1 if the argmax is outside)
+    probs: Tensor  # [P, Vd] target probabilities restricted (renormalized) to the draft vocab
+    row: Tensor  # [B, T] row of ``probs`` for each position (-1: not needed, not computed)
+    best: Tensor  # [B, T] draft id of the target's argmax (-1 if outside the draft vocab / not computed)
 
 
 @torch.no_grad()
-def target_batch(target: Transformer, tokens: Tensor, aux: tuple[int, ...], t2d: Tensor,
+def target_batch(target: Transformer, tokens: Tensor, needed: Tensor, aux: tuple[int, ...], t2d: Tensor,
                  target_to_draft: Tensor, chunk: int = 1024) -> TargetBatch:
+    """Target forward; its distribution only at the ``needed`` [B, T] positions (those
+    whose next token is trained on), which skips the lm_head over prompts."""
     B, T = tokens.shape
     n = target.config.num_layers
     out = target(tokens, torch.arange(T), target.new_cache(B, T), hidden_layers=(*aux, n),
                  logits_at=torch.zeros(0, dtype=torch.long))
     hidden = torch.cat(out.hidden_states[:-1], -1)
-    final = target.norm(out.hidden_states[-1]).reshape(B * T, -1)
-    logp, best = [], []
-    for s in range(0, B * T, chunk):
+    where = needed.flatten().nonzero().squeeze(1)
+    final = target.norm(out.hidden_states[-1].reshape(B * T, -1)[where])
+    probs, best = [], []
+    for s in range(0, len(where), chunk):
         logits = target.lm_head(final[s:s + chunk]).float()
         arg = logits.argmax(-1)
         best.append(torch.where(t2d[arg], target_to_draft[arg], -1))
-        logp.append(torch.log_softmax(logits[:, t2d], -1))
-    return TargetBatch(hidden, torch.cat(logp).view(B, T, -1), torch.cat(best).view(B, T))
+        probs.append(torch.softmax(logits[:, t2d], -1).to(torch.bfloat16))  # halves the memory traffic
+    row = torch.full((B * T,), -1, dtype=torch.long)
+    row[where] = torch.arange(len(where))
+    best_full = torch.full((B * T,), -1, dtype=torch.long)
+    if len(where):
+        best_full[where] = torch.cat(best)
+    vd = int(t2d.sum())
+    return TargetBatch(hidden, torch.cat(probs) if probs else torch.zeros(0, vd), row.view(B, T), best_full.view(B, T))
+
+
+def needed_positions(valid: Tensor, loss_mask: Tensor) -> Tensor:
+    """Positions p whose next token (p + 1) is a trained assistant token."""
+    return shift_left(loss_mask & valid, 1, fill=False)
 
 
 # ---------------------------------------------------------------- draft side (TTT)
@@ -137,7 +152,7 @@ def shift_left(x: Tensor, k: int, fill=0) -> Tensor:
 
 
 def ttt_forward(drafter: Eagle3Drafter, tokens: Tensor, valid: Tensor, tb: TargetBatch, steps: int) -> list[Tensor]:
-    """Draft logits [B, T, Vd] for each unrolled step (see module docstring)."""
+    """The draft's output hidden states [B, T, H] for each unrolled step (see module docstring)."""
     layer, c = drafter.midlayer, drafter.config.layer
     attn = layer.self_attn
     B, T = tokens.shape
@@ -152,7 +167,7 @@ def ttt_forward(drafter: Eagle3Drafter, tokens: Tensor, valid: Tensor, tb: Targe
     chain_v: list[Tensor] = []
     outputs = []
     for j in range(steps):
-        x_emb = embed(shift_left(tokens, 1 + j)).detach()
+        x_emb = embed(shift_left(tokens, 1 + j)).detach().to(hidden.dtype)
         x = torch.cat((layer.input_layernorm(x_emb), layer.hidden_norm(hidden)), -1)
         q, k, v = attn.qkv_proj(x).split(attn.split, dim=-1)
         q = q.view(B, T, nh, hd).transpose(1, 2)
@@ -176,56 +191,68 @@ def ttt_forward(drafter: Eagle3Drafter, tokens: Tensor, valid: Tensor, tb: Targe
             out = out + probs[..., T + n_:T + n_ + 1] * cv
         h = hidden + attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        outputs.append(drafter.lm_head(drafter.norm(h)))
+        outputs.append(h)
         hidden = h
     return outputs
 
 
-def step_targets(tb: TargetBatch, valid: Tensor, loss_mask: Tensor, j: int) -> tuple[Tensor, Tensor, Tensor]:
-    """For step j at index i: the target distribution at i+1+j, its argmax, and whether
-    (i, j) counts (the predicted token i+2+j exists and is an assistant token)."""
-    logp = shift_left(tb.logp, 1 + j)
-    best = shift_left(tb.best, 1 + j, fill=-1)
+@dataclass
+class StepResult:
+    loss: Tensor  # mean soft cross-entropy over counted positions
+    correct: Tensor  # [B, T] bool: draft argmax == target argmax at counted positions
+    count: int
+
+
+def step_result(drafter: Eagle3Drafter, h: Tensor, tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
+                j: int) -> StepResult:
+    """Step j at index i predicts token i+2+j against the target's distribution at i+1+j;
+    it counts when that token exists and is an assistant token. The lm_head runs only
+    there; soft CE = logsumexp(z) - sum(p * z) (p sums to one)."""
+    B, T = valid.shape
     ok = shift_left(loss_mask & valid, 2 + j, fill=False)
-    return logp, best, ok
+    b, i = ok.nonzero(as_tuple=True)
+    logits = drafter.lm_head(drafter.norm(h[b, i])).float()
+    rows = tb.row[b, i + 1 + j]
+    p = tb.probs[rows].float()
+    cross = torch.bmm(p.unsqueeze(1), logits.unsqueeze(2)).view(-1)  # sum(p * z) without the product tensor
+    loss = (torch.logsumexp(logits, -1) - cross).mean() if len(b) else logits.sum() * 0
+    correct = torch.zeros(B, T, dtype=torch.bool)
+    correct[b, i] = logits.argmax(-1) == tb.best[b, i + 1 + j]
+    return StepResult(loss, correct, len(b))
 
 
-def ttt_loss(outputs: list[Tensor], tb: TargetBatch, valid: Tensor, loss_mask: Tensor, weight: float
-             ) -> tuple[Tensor, list[float], list[float]]:
+def ttt_loss(drafter: Eagle3Drafter, outputs: list[Tensor], tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
+             weight: float) -> tuple[Tensor, list[float], list[float], list[Tensor]]:
     total = outputs[0].new_zeros((), dtype=torch.float32)
-    losses, accs = [], []
-    for j, logits in enumerate(outputs):
-        logp_t, best, ok = step_targets(tb, valid, loss_mask, j)
-        n = ok.sum().clamp(min=1)
-        ce = -(logp_t.exp() * torch.log_softmax(logits.float(), -1)).sum(-1)
-        loss = (ce * ok).sum() / n
-        total = total + weight ** j * loss
-        losses.append(float(loss))
-        accs.append(float(((logits.argmax(-1) == best) & ok).sum() / n))
-    return total, losses, accs
+    losses, accs, correct = [], [], []
+    for j, h in enumerate(outputs):
+        r = step_result(drafter, h, tb, valid, loss_mask, j)
+        total = total + weight ** j * r.loss
+        losses.append(float(r.loss.detach()))
+        accs.append(float(r.correct.sum()) / max(r.count, 1))
+        correct.append(r.correct)
+    return total, losses, accs, correct
 
 
-def simulated_accept_length(outputs: list[Tensor], tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
-                            depth: int) -> tuple[int, int]:
+def simulated_accept_length(correct: list[Tensor], valid: Tensor, loss_mask: Tensor, depth: int) -> tuple[int, int]:
     """(tokens, cycles) of a chain of ``depth`` draft steps walking each sequence's
     assistant span the way the engine does (jump by accepted + 1 after each cycle).
     On greedy samples this is the acceptance the engine will measure."""
-    correct = []
-    for j, logits in enumerate(outputs[:depth]):
-        _, best, ok = step_targets(tb, valid, loss_mask, j)
-        correct.append((logits.argmax(-1) == best) & ok)
-    correct = torch.stack(correct, -1).tolist()  # [B, T, depth]
+    table = torch.stack(correct[:depth], -1).tolist()  # [B, T, depth]
     tokens = cycles = 0
-    for b in range(len(correct)):
+    for b in range(len(table)):
         mask = (loss_mask[b] & valid[b]).tolist()
         first = next((p for p, m in enumerate(mask) if m), None)
         if first is None:
             continue
+        end = first + next((n for n, m in enumerate(mask[first:]) if not m), len(mask) - first)
         i = first - 1  # the first cycle's root is the first response token (pair index = its position - 1)
-        while i + 2 < len(mask) and mask[i + 2]:  # a token is left to predict
+        while True:
             a = 0
-            while a < depth and correct[b][i][a]:
+            while a < depth and table[b][i][a]:
                 a += 1
+            if i + 2 + a > end - 1:  # only cycles whose tokens all lie inside the response count
+                break
             tokens += a + 1
             cycles += 1
             i += a + 1
@@ -299,7 +326,8 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 def build_drafter(target: Transformer, d2t: Tensor, t2d: Tensor, cfg: TrainConfig) -> Eagle3Drafter:
     drafter = random_drafter(target, draft_vocab_size=len(d2t), seed=cfg.seed)
-    drafter = drafter.to(torch.float32)
+    # fp32 master weights (bf16 autocast does the matmuls); fp64 for fp64 exactness tests
+    drafter = drafter.to(torch.float64 if target.dtype == torch.float64 else torch.float32)
     with torch.no_grad():
         drafter.d2t.copy_(d2t)
         drafter.t2d.copy_(t2d)
@@ -340,15 +368,15 @@ def evaluate(drafter, target, ds, rows, cfg, aux, t2d, t2d_index, tokens_mm) -> 
     for s in range(0, len(greedy), 8):
         idx = greedy[s:s + 8]
         tokens, valid, loss_mask = collate(ds, rows, idx, cfg.max_len, tokens_mm)
-        tb = target_batch(target, tokens, aux, t2d, t2d_index)
+        tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
             outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
-        _, l, a = ttt_loss(outs, tb, valid, loss_mask, cfg.step_weight)
+            _, l, a, correct = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
         losses += np.array(l) * len(idx)
         accs += np.array(a) * len(idx)
         weights += len(idx)
         for d in sim:
-            t, c = simulated_accept_length(outs, tb, valid, loss_mask, d)
+            t, c = simulated_accept_length(correct, valid, loss_mask, d)
             sim[d][0] += t
             sim[d][1] += c
     drafter.train()
@@ -411,12 +439,12 @@ def train(cfg: TrainConfig, console=None) -> dict:
             batches = make_batches(rows, cfg, state["epoch"])
             while state["batch"] < len(batches) and state["step"] < total:
                 tokens, valid, loss_mask = collate(ds, rows, batches[state["batch"]], cfg.max_len, tokens_mm)
-                tb = target_batch(target, tokens, aux, t2d, t2d_index)
+                tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(state["step"], total, cfg)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
                     outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
-                    loss, losses, accs = ttt_loss(outs, tb, valid, loss_mask, cfg.step_weight)
+                    loss, losses, accs, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
@@ -472,4 +500,70 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields | {"autocast": not args.no_autocast, "init_from_target": not args.random_init})
     summary = train(cfg)
     print(json.dumps(summary))
+    return 0
+
+
+# ---------------------------------------------------------------- trainer vs engine
+
+def eval_drafter(data: str, drafter_path: str, model: str | None, depth: int, samples: int, dtype: str,
+                 max_len: int = 768) -> dict:
+    """Held-out acceptance two ways on the same greedy samples: simulated from the
+    training-time test (what the trainer reports) and measured by the engine (chain of
+    ``depth``). They must agree; a gap means wiring or mask bugs."""
+    from .drafter import load_drafter
+    from .engine import Engine, GenerateOptions
+    from .loading import load_model
+    from .speculative import Eagle3Decoder, SpecConfig
+
+    ds = DataSet(data)
+    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"][:samples]
+    if not rows:
+        raise ValueError(f"{data}: no greedy held-out samples to evaluate on")
+    tokens_mm = ds.tokens()
+    loaded = load_model(model, dtype, "cpu")
+    target = loaded.model
+    drafter = load_drafter(drafter_path, target)
+    t2d = drafter.t2d.cpu()
+    t2d_index = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    t2d_index[t2d] = torch.arange(int(t2d.sum()))
+    aux = drafter.config.aux_layer_ids
+    sim_tokens = sim_cycles = 0
+    engine = Engine(target, loaded.tokenizer, Eagle3Decoder(drafter, SpecConfig(depth, 1)))
+    eng_tokens = eng_cycles = 0
+    same_text = 0
+    for r in rows:
+        tokens, valid, loss_mask = collate(ds, [r], [0], max_len, tokens_mm)
+        with torch.no_grad():
+            tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
+            outs = ttt_forward(drafter, tokens, valid, tb, depth)
+            correct = [step_result(drafter, h, tb, valid, loss_mask, j).correct for j, h in enumerate(outs)]
+        t, c = simulated_accept_length(correct, valid, loss_mask, depth)
+        sim_tokens, sim_cycles = sim_tokens + t, sim_cycles + c
+        start, end = r["loss_ranges"][0]
+        prompt = tokens[0, :start].tolist()
+        ref = tokens[0, start:min(end, tokens.shape[1])].tolist()
+        result = engine.generate(prompt, GenerateOptions(max_new_tokens=len(ref)))
+        same_text += result.token_ids == ref
+        if result.stats:
+            eng_tokens += result.stats["accept_length"] * result.stats["cycles"]
+            eng_cycles += result.stats["cycles"]
+    return {"samples": len(rows), "depth": depth, "dtype": dtype,
+            "trainer_accept_length": sim_tokens / max(sim_cycles, 1),
+            "engine_accept_length": eng_tokens / max(eng_cycles, 1),
+            "engine_reproduced_response": f"{same_text}/{len(rows)}"}
+
+
+def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True)
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--model", default=None)
+    p.add_argument("--depth", type=int, default=4, help="chain depth (num_steps)")
+    p.add_argument("--samples", type=int, default=40)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    configure_threads(args.threads)
+    print(json.dumps(eval_drafter(args.data, args.drafter, args.model, args.depth, args.samples, args.dtype)))
     return 0

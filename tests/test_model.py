@@ -164,3 +164,19 @@ def test_config_rejects_bad_heads():
     with pytest.raises(ValueError, match="multiple"):
         ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=3,
                     num_kv_heads=2)
+
+
+@pytest.mark.parametrize("T,masked", [(1, False), (1, True), (5, True), (16, True)])
+def test_small_query_attention_matches_sdpa(T, masked):
+    from specdecode.model import small_query_attention
+
+    torch.manual_seed(T)
+    B, H, KV, S, D = 2, 6, 2, 40, 16
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, KV, S, D), torch.randn(B, KV, S, D)
+    mask = (torch.rand(B, 1, T, S) > 0.3) | torch.eye(T, S, dtype=torch.bool) if masked else None
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(small_query_attention(q, k, v, mask), ref, rtol=1e-5, atol=1e-5)
+    if masked:  # the 2-D [T, S] form used for trees
+        torch.testing.assert_close(small_query_attention(q, k, v, mask[0, 0]),
+                                   F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0, 0], enable_gqa=True),
+                                   rtol=1e-5, atol=1e-5)
