@@ -259,9 +259,36 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="also profile aten ops over one baseline generation and print the top ops")
 
 
+def run_interleaved(methods: list, prompts: list, encoded: list[list[int]], max_new_tokens: int, runs: int,
+                    warmup: int, console) -> list[dict]:
+    """Every method on each prompt before the next prompt; the order rotates per prompt."""
+    from rich.progress import Progress
+
+    records = []
+    total = (runs * len(prompts) + warmup) * len(methods)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=total)
+        for _ in range(warmup):
+            for m in methods:
+                m.run(encoded[0], min(max_new_tokens, 16))
+                progress.advance(task)
+        for run in range(runs):
+            for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+                k = (i + run) % len(methods)
+                for m in methods[k:] + methods[:k]:  # rotate the order: no method always goes first
+                    out = m.run(ids, max_new_tokens)
+                    n = max(len(out.token_ids), 1)
+                    records.append({
+                        "method": m.name, "run": run, "prompt_id": prompt.id, "category": prompt.category,
+                        "prompt_tokens": len(ids), "num_tokens": n, "token_ids": out.token_ids,
+                        "elapsed_s": out.elapsed_s, "ttft_s": out.ttft_s, "tok_per_s": n / out.elapsed_s,
+                        **out.stats})
+                    progress.advance(task)
+    return records
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import Progress
     from rich.table import Table
 
     console = Console(stderr=True)
@@ -277,27 +304,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
     encoded = [encode_prompt(p, loaded.tokenizer) for p in prompts]
 
-    records = []
-    total = (args.runs * len(prompts) + args.warmup) * len(methods)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=total)
-        for _ in range(args.warmup):
-            for m in methods:
-                m.run(encoded[0], min(args.max_new_tokens, 16))
-                progress.advance(task)
-        for run in range(args.runs):
-            for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-                k = (i + run) % len(methods)
-                for m in methods[k:] + methods[:k]:  # rotate the order: no method always goes first
-                    out = m.run(ids, args.max_new_tokens)
-                    n = max(len(out.token_ids), 1)
-                    records.append({
-                        "method": m.name, "run": run, "prompt_id": prompt.id, "category": prompt.category,
-                        "prompt_tokens": len(ids), "num_tokens": n, "token_ids": out.token_ids,
-                        "elapsed_s": out.elapsed_s, "ttft_s": out.ttft_s, "tok_per_s": n / out.elapsed_s,
-                        **out.stats})
-                    progress.advance(task)
-
+    records = run_interleaved(methods, prompts, encoded, args.max_new_tokens, args.runs, args.warmup, console)
     summary = summarize(records, specs)
     categories = sorted({r["category"] for r in records})
     by_category = {c: summarize([r for r in records if r["category"] == c], specs) for c in categories}

@@ -124,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_args(check)
     check.set_defaults(func=cmd_check)
 
+    from .sweep import add_sweep_args, cmd_sweep
+    sw = sub.add_parser("sweep", help="grid over num_steps/topk/num_draft_tokens; finds the best configuration",
+                        description="Measure every configuration on the same prompts, interleaved with the "
+                                    "baseline; report the optimum, verify cost vs tokens verified, acceptance "
+                                    "per position, a cost-model prediction, and PNG plots.")
+    add_sweep_args(sw)
+    add_model_args(sw)
+    sw.set_defaults(func=cmd_sweep)
+
     from .bench import add_bench_args, cmd_bench
     bench = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",
                            description="Compare decoding methods on the same prompts, model, dtype and "

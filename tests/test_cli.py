@@ -89,3 +89,19 @@ def test_mismatched_drafter_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 8}')
     out = specdecode("generate", "Hi", "--drafter", str(tmp_path), check=False)
     assert out.returncode == 2 and "LlamaForCausalLMEagle3" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sweep_reports_configs_cost_model_and_plots(tmp_path):
+    out = tmp_path / "sweep"
+    specdecode("sweep", "--steps", "1,2,3", "--topk", "1,2", "--drafter", "random", "--num-prompts", "2",
+               "--max-new-tokens", "8", "--warmup", "0", "--out", str(out))
+    result = json.loads((out / "sweep.json").read_text())
+    methods = [c["method"] for c in result["configs"]]
+    assert "eagle3:steps=3,topk=1" in methods and "eagle3:steps=2,topk=2,draft_tokens=5" in methods
+    assert result["best"] in methods
+    assert set(result["verify_ms_by_tokens"]) >= {"2", "3", "4"}
+    chain = next(c for c in result["configs"] if c["method"] == "eagle3:steps=2,topk=1")
+    assert chain["predicted_speedup"] > 0 and chain["outputs_match_baseline"] == "2/2"
+    for name in ("tok_s_vs_steps.png", "phase_breakdown.png", "verify_ms_vs_tokens.png",
+                 "acceptance_by_position.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
