@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(tr)
     tr.set_defaults(func=cmd_train)
 
+    from .report import add_report_args, cmd_report
+    rep = sub.add_parser("train-report", help="acceptance vs training-set size: table and PNG plot")
+    add_report_args(rep)
+    rep.set_defaults(func=cmd_report)
+
     from .train import add_eval_args, cmd_eval
     ev = sub.add_parser("eval-drafter", help="held-out acceptance: trainer estimate vs engine measurement",
                         description="On held-out greedy samples, compare the accept length simulated from the "

@@ -469,6 +469,7 @@ def train(cfg: TrainConfig, console=None) -> dict:
         "specdecode_training": {"steps": state["step"], "samples": len(rows), "draft_vocab_coverage": coverage,
                                 "data": str(cfg.data)}})
     summary = {"steps": state["step"], "samples": len(rows), "coverage": coverage,
+               "assistant_tokens": int(sum(b - a for r in rows for a, b in r["loss_ranges"])),
                "seconds_this_run": time.perf_counter() - t_start,
                "final_eval": state["evals"][-1] if state["evals"] else None}
     (out / "training_summary.json").write_text(json.dumps(summary | {"config": asdict(cfg)}, indent=1))

@@ -184,3 +184,20 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
     print("trainer", sim_t / sim_c, "engine", eng_t / eng_c)
     assert sim_t / sim_c > 1.2, "the drafter learned too little for the comparison to mean anything"
     assert (sim_t, sim_c) == (eng_t, eng_c)  # same cycles, same accepted counts
+
+
+def test_train_report_table_and_plot(tmp_path):
+    from specdecode.report import collect, markdown, plot
+
+    for n, acc in ((100, 1.5), (400, 2.1)):
+        d = tmp_path / f"r{n}"
+        d.mkdir()
+        (d / "training_summary.json").write_text(json.dumps({
+            "samples": n, "assistant_tokens": n * 50, "steps": n // 10, "coverage": 0.97, "seconds_this_run": 60,
+            "final_eval": {"accept_length_by_depth": {"2": acc, "3": acc + 0.2}, "step_acc": [0.6, 0.5]}}))
+    rows = collect([str(tmp_path / "r400"), str(tmp_path / "r100")])
+    assert [r["samples"] for r in rows] == [100, 400]
+    text = markdown(rows)
+    assert "| 100 | 5000 | 10 | 97.0% | 1.50 | 1.70 | - | - | 0.60 |" in text
+    plot(rows, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
