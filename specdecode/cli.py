@@ -88,55 +88,40 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
 
-    from .data import add_data_args, cmd_data_build
-    data = sub.add_parser("data", help="build drafter training data with the target model")
-    data_sub = data.add_subparsers(dest="data_command", required=True)
-    build = data_sub.add_parser("build", help="let the target answer prompts; store tokens and loss masks",
-                                description="Apply the chat template to seed prompts (and instructions the "
-                                            "target bootstraps from them), let the target generate the responses "
-                                            "(batched; greedy and sampled mix), and append them to a resumable "
-                                            "on-disk data set with a held-out split.")
-    add_data_args(build)
-    add_model_args(build)
-    build.set_defaults(func=cmd_data_build)
-
-    from .train import add_train_args, cmd_train
-    tr = sub.add_parser("train", help="train an EAGLE-3 drafter (training-time test, online target)",
-                        description="Train an EAGLE-3 draft head on a data set from `specdecode data build`. "
-                                    "Resumes from OUT/checkpoint; writes OUT/config.json + model.safetensors "
-                                    "in the SGLang/vLLM/SpecForge format.")
-    add_train_args(tr)
-    tr.set_defaults(func=cmd_train)
-
-    from .report import add_report_args, cmd_report
-    rep = sub.add_parser("train-report", help="acceptance vs training-set size: table and PNG plot")
-    add_report_args(rep)
-    rep.set_defaults(func=cmd_report)
-
-    from .train import add_eval_args, cmd_eval
-    ev = sub.add_parser("eval-drafter", help="held-out acceptance: trainer estimate vs engine measurement",
-                        description="On held-out greedy samples, compare the accept length simulated from the "
-                                    "training-time test with the one the engine measures (same prompts).")
-    add_eval_args(ev)
-    ev.set_defaults(func=cmd_eval)
-
     from .check import add_check_args, cmd_check
-    check = sub.add_parser("check", help="greedy losslessness of speculative decoding on real prompts",
-                           description="Compare speculative and baseline greedy output token by token; report "
-                                       "the first divergence and the top-2 logit gap there.")
-    add_check_args(check)
-    add_model_args(check)
-    add_spec_args(check)
-    check.set_defaults(func=cmd_check)
-
+    from .data import add_data_args, cmd_data_build
+    from .report import add_report_args, cmd_report
     from .sweep import add_sweep_args, cmd_sweep
-    sw = sub.add_parser("sweep", help="grid over num_steps/topk/num_draft_tokens; finds the best configuration",
-                        description="Measure every configuration on the same prompts, interleaved with the "
-                                    "baseline; report the optimum, verify cost vs tokens verified, acceptance "
-                                    "per position, a cost-model prediction, and PNG plots.")
-    add_sweep_args(sw)
-    add_model_args(sw)
-    sw.set_defaults(func=cmd_sweep)
+    from .train import add_eval_args, add_train_args, cmd_eval, cmd_train
+
+    def register(parent, name, help_, description, adders, func):
+        p = parent.add_parser(name, help=help_, description=description or help_)
+        for add in adders:
+            add(p)
+        p.set_defaults(func=func)
+
+    data = sub.add_parser("data", help="build drafter training data with the target model")
+    register(data.add_subparsers(dest="data_command", required=True), "build",
+             "let the target answer prompts; store tokens and loss masks",
+             "Apply the chat template to seed prompts (and instructions the target bootstraps from them), let the "
+             "target generate the responses (batched; greedy and sampled mix), and append them to a resumable "
+             "on-disk data set with a held-out split.", (add_data_args, add_model_args), cmd_data_build)
+    register(sub, "train", "train an EAGLE-3 drafter (training-time test, online target)",
+             "Train an EAGLE-3 draft head on a data set from `specdecode data build`. Resumes from OUT/checkpoint; "
+             "writes OUT/config.json + model.safetensors in the SGLang/vLLM/SpecForge format.",
+             (add_train_args,), cmd_train)
+    register(sub, "train-report", "acceptance vs training-set size: table and PNG plot", None,
+             (add_report_args,), cmd_report)
+    register(sub, "eval-drafter", "held-out acceptance: trainer estimate vs engine measurement",
+             "On held-out greedy samples, compare the accept length simulated from the training-time test with "
+             "the one the engine measures (same prompts).", (add_eval_args,), cmd_eval)
+    register(sub, "check", "greedy losslessness of speculative decoding on real prompts",
+             "Compare speculative and baseline greedy output token by token; report the first divergence and the "
+             "top-2 logit gap there.", (add_check_args, add_model_args, add_spec_args), cmd_check)
+    register(sub, "sweep", "grid over num_steps/topk/num_draft_tokens; finds the best configuration",
+             "Measure every configuration on the same prompts, interleaved with the baseline; report the optimum, "
+             "verify cost vs tokens verified, acceptance per position, a cost-model prediction, and PNG plots.",
+             (add_sweep_args, add_model_args), cmd_sweep)
 
     from .bench import add_bench_args, cmd_bench
     bench = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",

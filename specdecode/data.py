@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .engine import batch_generate
+from .prompts import read_jsonl
 from .loading import LoadedModel, file_fingerprint, load_model
 from .runtime import configure_threads, resolve_device
 from .sampling import SamplingParams
@@ -58,13 +59,7 @@ def read_prompt_file(path: Path) -> Iterator[PromptRecord]:
     or jsonl with ``prompt``, ``instruction`` (+ ``input``) or ``messages``."""
     if "spec_bench" in path.name.lower():
         raise ValueError(f"{path}: {SPEC_BENCH_HINT}")
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    for n, row in read_jsonl(path):
         if "turns" in row and "question_id" in row:
             raise ValueError(f"{path}:{n}: looks like Spec-Bench (question_id, turns); {SPEC_BENCH_HINT}")
         if "messages" in row:

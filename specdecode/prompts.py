@@ -50,18 +50,23 @@ def load_prompts(path: str | Path | None, limit: int | None = None,
     return prompts[:limit] if limit else prompts
 
 
-def _read_prompts(path: str | Path) -> list[Prompt]:
+def read_jsonl(path: str | Path):
+    """(line number, row) for each non-empty line, with errors that name the line."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: prompt file not found")
-    prompts = []
+        raise FileNotFoundError(f"{path}: file not found")
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield n, json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+
+
+def _read_prompts(path: str | Path) -> list[Prompt]:
+    prompts = []
+    for n, row in read_jsonl(path):
         pid = str(row.get("question_id", row.get("id", n)))
         category = str(row.get("category", "default"))
         if "turns" in row and row["turns"]:
