@@ -61,6 +61,7 @@ class TrainConfig:
     target_dtype: str = "bfloat16"
     autocast: bool = True
     init_from_target: bool = True  # start the draft layer from the target's last layer
+    fc_lr_scale: float = 0.1  # fc multiplies the target's massive activations (|x| ~ 1e4 on the first token)
 
 
 # ---------------------------------------------------------------- batches
@@ -337,6 +338,10 @@ def build_drafter(target: Transformer, d2t: Tensor, t2d: Tensor, cfg: TrainConfi
             last = target.layers[-1]
             m = drafter.midlayer
             h = target.config.hidden_size
+            # fc starts as "take the deepest tap" (identity on it): the hidden state the
+            # copied layer is used to, instead of a random projection of 3H inputs
+            drafter.fc.weight.zero_()
+            drafter.fc.weight[:, -h:] = torch.eye(h)
             m.self_attn.qkv_proj.weight[:, h:] = last.self_attn.qkv_proj.weight.float()
             m.self_attn.qkv_proj.weight[:, :h] = 0.0
             m.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight.float())
@@ -415,7 +420,10 @@ def train(cfg: TrainConfig, console=None) -> dict:
     t2d_index[t2d] = torch.arange(int(t2d.sum()))
     drafter = build_drafter(target, d2t, t2d, cfg)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    fc_params = [drafter.fc.weight]
+    rest = [p for p in params if p is not drafter.fc.weight]
+    opt = torch.optim.AdamW([{"params": rest, "lr_scale": 1.0}, {"params": fc_params, "lr_scale": cfg.fc_lr_scale}],
+                            lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
 
     per_epoch = len(make_batches(rows, cfg, 0))
     total = cfg.max_steps or max(1, int(cfg.epochs * per_epoch))
@@ -441,7 +449,7 @@ def train(cfg: TrainConfig, console=None) -> dict:
                 tokens, valid, loss_mask = collate(ds, rows, batches[state["batch"]], cfg.max_len, tokens_mm)
                 tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
                 for g in opt.param_groups:
-                    g["lr"] = lr_at(state["step"], total, cfg)
+                    g["lr"] = lr_at(state["step"], total, cfg) * g["lr_scale"]
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
                     outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
                     loss, losses, accs, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
@@ -487,7 +495,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     for name in ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
                  "eval_every", "save_every", "eval_samples"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio"):
+    for name in ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
+                 "fc_lr_scale"):
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--target-dtype", default=d.target_dtype, help="dtype of the frozen target (bfloat16 | float32)")
     p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
