@@ -134,11 +134,14 @@ def draft_tree(drafter: Eagle3Drafter, cache: KVCache, state: DraftState, root: 
     n_cand = k
     for depth in range(1, config.num_steps):
         scratch = cache.length - prefix
-        own = torch.eye(k, dtype=torch.bool, device=device)
-        mask = torch.cat((torch.ones(k, prefix, dtype=torch.bool, device=device), ancestors, own), dim=1)
+        mask = None  # a chain sees everything before it
+        if k > 1:
+            own = torch.eye(k, dtype=torch.bool, device=device)
+            mask = torch.cat((torch.ones(k, prefix, dtype=torch.bool, device=device), ancestors, own),
+                             dim=1).view(1, k, -1)
         positions = torch.full((k,), root_position - 1 + depth, device=device)
         logits, hidden = drafter(drafter.to_target_ids(frontier_ids).view(1, k), frontier_hidden.view(1, k, -1),
-                                 positions, cache, attention_mask=mask.view(1, k, -1))
+                                 positions, cache, attention_mask=mask)
         logp = torch.log_softmax(logits[0].float(), -1)
         child_logp, child_ids = logp.topk(k, dim=-1)  # [k, k]
         child_score = (frontier_score[:, None] + child_logp).flatten()
