@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The exact pipeline behind the shipped drafter (specdecode/drafters/smollm2-135m-instruct-eagle3).
+# The pipeline behind the shipped drafter (specdecode/drafters/smollm2-135m-instruct-eagle3).
 # Every step resumes where it stopped: run it again after an interruption.
+# (The shipped run: the first 288 samples were generated with --batch-size 32 --max-new-tokens 256,
+# the rest with the settings below; the build was stopped at 1536 samples, which --limit reproduces.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -8,14 +10,17 @@ SHARED=${SHARED:-../shared/data}
 DATA=${DATA:-data/smollm2-selfinstruct}
 OUT=${OUT:-runs/smollm2-eagle3}
 SD=.venv/bin/specdecode
+TRAIN=(--draft-vocab-size 8192 --ttt-steps 7 --epochs 3 --lr 1e-3 --batch-tokens 2048 --eval-every 50
+       --eval-samples 48 --save-every 10 --threads "${THREADS:-2}")
 
-# 1. training data: the target answers the self-instruct seed tasks, the user-oriented
-#    instructions and 2500 instructions it bootstraps from them (bf16, 30% sampled).
-$SD data build --out "$DATA" --dtype bfloat16 --batch-size 32 --max-new-tokens 256 --bootstrap 2500 \
+# 1. training data: the target answers the self-instruct seed tasks, the user-oriented instructions and
+#    instructions it bootstraps from them (bf16; 30% sampled at T=0.7, top-p 0.9; 5% held out).
+$SD data build --out "$DATA" --dtype bfloat16 --batch-size 48 --max-new-tokens 224 --bootstrap 2500 --limit 1536 \
     --prompts "$SHARED/self_instruct_seed_tasks.jsonl" "$SHARED/user_oriented_instructions.jsonl"
 
-# 2. the drafter (all samples) and the data-scaling points (subsets of the same data)
-$SD train --data "$DATA" --out "$OUT/full" ${TRAIN_ARGS:-}
-for n in ${SCALING_SIZES:-}; do
-    $SD train --data "$DATA" --out "$OUT/n$n" --limit-samples "$n" ${TRAIN_ARGS:-}
+# 2. the drafter on all training samples, and the data-scaling points (subsets of the same data)
+$SD train --data "$DATA" --out "$OUT/full" "${TRAIN[@]}"
+for n in 180 360 730; do
+    $SD train --data "$DATA" --out "$OUT/n$n" --limit-samples "$n" "${TRAIN[@]}"
 done
+$SD train-report "$OUT/n180" "$OUT/n360" "$OUT/n730" "$OUT/full" --plot "$OUT/data_scaling.png"
