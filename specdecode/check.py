@@ -58,7 +58,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import track
 
-    from .cli import build_decoder
+    from .cli import DEFAULT_NUM_STEPS, build_decoder
     from .selfdraft import SelfDrafter
     from .speculative import Eagle3Decoder, SpecConfig
 
@@ -80,7 +80,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for prompt in track(prompts, description="checking", console=console, transient=True):
         ids = encode_prompt(prompt, loaded.tokenizer)
         if args.self_draft:
-            config = SpecConfig(args.num_steps or 4, args.topk, args.num_draft_tokens)
+            config = SpecConfig(args.num_steps or DEFAULT_NUM_STEPS, args.topk, args.num_draft_tokens)
             spec_engine = Engine(model, loaded.tokenizer, Eagle3Decoder(SelfDrafter(model, model, ids[0]), config))
         base = base_engine.generate(ids, options)
         spec = spec_engine.generate(ids, options)

@@ -21,6 +21,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads (default: $SPECDECODE_THREADS or the cores available)")
 
 
+# Measured on this machine (benchmarks/results/sweep-bf16): with the shipped drafter a chain of
+# 2 draft steps was the best chain; deeper chains cost more in drafting than they gain.
+DEFAULT_NUM_STEPS = 2
+
+
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (EAGLE-3)")
     g.add_argument("--drafter", default=None,
@@ -28,7 +33,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "or 'random' for an untrained one (profiling only). Default: the shipped drafter when "
                         "the model is the default SmolLM2, else none")
     g.add_argument("--no-spec", action="store_true", help="plain decoding (the baseline), even with a drafter")
-    g.add_argument("--num-steps", type=int, default=None, help="draft depth (default 4)")
+    g.add_argument("--num-steps", type=int, default=None, help=f"draft depth (default {DEFAULT_NUM_STEPS}: the best chain in our sweep)")
     g.add_argument("--topk", type=int, default=1, help="branching per draft step; 1 = chain (default)")
     g.add_argument("--num-draft-tokens", type=int, default=None,
                    help="tree nodes verified, root included (default: num_steps + 1 for a chain)")
@@ -55,7 +60,7 @@ def build_decoder(args: argparse.Namespace, loaded):
         drafter = random_drafter(loaded.model, draft_vocab_size=min(8192, loaded.model.config.vocab_size), seed=0)
     else:
         drafter = load_drafter(path, loaded.model, convention=args.aux_layer_convention)
-    config = SpecConfig(args.num_steps or 4, args.topk, args.num_draft_tokens)
+    config = SpecConfig(args.num_steps or DEFAULT_NUM_STEPS, args.topk, args.num_draft_tokens)
     desc = (f"eagle3 (drafter {path}, steps={config.num_steps}, topk={config.topk}, "
             f"draft_tokens={config.num_draft_tokens})")
     return Eagle3Decoder(drafter, config, sync=not args.no_sync), desc
