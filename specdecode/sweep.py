@@ -90,6 +90,12 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     configs = result["configs"]
     paths = []
 
+    def save(fig, name: str) -> None:
+        paths.append(out_dir / name)
+        fig.tight_layout()
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in sorted({c["topk"] for c in configs}):
         pts = sorted((c["num_steps"], c["tok_per_s"]) for c in configs if c["topk"] == k)
@@ -97,10 +103,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.axhline(1000 / result["baseline_ms_per_token"], color="gray", ls="--", label="baseline")
     ax.set(xlabel="num_steps (draft depth)", ylabel="tok/s (median)", title="Throughput vs draft steps")
     ax.legend()
-    paths.append(out_dir / "tok_s_vs_steps.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save(fig, "tok_s_vs_steps.png")
 
     fig, ax = plt.subplots(figsize=(max(6, len(configs) * 0.8), 4))
     bottom = [0.0] * len(configs)
@@ -112,10 +115,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
                   ha="right", fontsize=7)
     ax.set(ylabel="ms per cycle", title="Where each cycle's time goes")
     ax.legend()
-    paths.append(out_dir / "phase_breakdown.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save(fig, "phase_breakdown.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     vm = result["verify_ms_by_tokens"]
@@ -123,10 +123,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.axhline(result["baseline_ms_per_token"], color="gray", ls="--", label="baseline decode step")
     ax.set(xlabel="tokens verified", ylabel="target verify ms", title="Verify cost vs tokens verified")
     ax.legend()
-    paths.append(out_dir / "verify_ms_vs_tokens.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save(fig, "verify_ms_vs_tokens.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for c in configs:
@@ -135,10 +132,7 @@ def plot(result: dict, out_dir: Path) -> list[Path]:
     ax.set(xlabel="draft position (depth)", ylabel="share of cycles accepted", ylim=(0, 1),
            title="Acceptance by position")
     ax.legend(fontsize=6)
-    paths.append(out_dir / "acceptance_by_position.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save(fig, "acceptance_by_position.png")
     return paths
 
 
