@@ -459,9 +459,9 @@ def train(cfg: TrainConfig, console=None) -> dict:
                 opt.step()
                 state["step"] += 1
                 state["batch"] += 1
-                state["log"].append({"step": state["step"], "loss": float(loss), "acc": accs, "lr": opt.param_groups[0]["lr"],
+                state["log"].append({"step": state["step"], "loss": float(loss.detach()), "acc": accs, "lr": opt.param_groups[0]["lr"],
                                      "grad_norm": grad_norm, "tokens": int(valid.sum())})
-                progress.update(task, advance=1, info=f"loss {float(loss):.3f} acc " + " ".join(f"{a:.2f}" for a in accs))
+                progress.update(task, advance=1, info=f"loss {float(loss.detach()):.3f} acc " + " ".join(f"{a:.2f}" for a in accs))
                 if heldout and (state["step"] % cfg.eval_every == 0 or state["step"] == total):
                     ev = evaluate(drafter, target, ds, heldout, cfg, aux, t2d, t2d_index, tokens_mm)
                     state["evals"].append({"step": state["step"], **asdict(ev)})
