@@ -287,15 +287,20 @@ def run_interleaved(methods: list, prompts: list, encoded: list[list[int]], max_
     return records
 
 
+def setup_run(args: argparse.Namespace) -> tuple[int, torch.device, torch.dtype, LoadedModel]:
+    """Threads, device, dtype and the loaded model, as every measuring command sets them."""
+    threads = configure_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = parse_dtype(args.dtype)
+    return threads, device, dtype, load_model(args.model, dtype, device)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(stderr=True)
-    threads = configure_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = parse_dtype(args.dtype)
-    loaded = load_model(args.model, dtype, device)
+    threads, device, dtype, loaded = setup_run(args)
     specs = split_methods(args.methods)
     if len(set(specs)) != len(specs):
         raise ValueError(f"--methods lists a method twice: {args.methods}")

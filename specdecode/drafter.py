@@ -331,28 +331,14 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
 
 def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
-    from safetensors.torch import load_file
+    from .loading import read_config_json, read_safetensors
 
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: drafter directory not found (expected config.json + *.safetensors)")
-    cfg_path = path / "config.json"
-    if not cfg_path.exists():
-        raise DrafterMismatchError(f"{cfg_path}: not found; an EAGLE-3 drafter needs config.json")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise DrafterMismatchError(f"{cfg_path}: invalid JSON ({e})") from None
-    config = DrafterConfig.from_hf(cfg, target.config, str(cfg_path), convention)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise DrafterMismatchError(f"{path}: no *.safetensors file (pickled checkpoints are not loaded)")
-    state: dict[str, Tensor] = {}
-    for f in files:
-        try:
-            state.update({_normalize_key(k): v for k, v in load_file(str(f)).items()})
-        except Exception as e:  # safetensors raises SafetensorError for truncated/corrupt files
-            raise DrafterMismatchError(f"{f}: cannot read safetensors ({e}); the file may be truncated") from None
+    cfg = read_config_json(path, DrafterMismatchError, "an EAGLE-3 drafter")
+    config = DrafterConfig.from_hf(cfg, target.config, str(path / "config.json"), convention)
+    state = {_normalize_key(k): v for k, v in read_safetensors(path, DrafterMismatchError).items()}
     state.pop("embed_tokens.weight", None)  # some exports include the (target's) embedding
     validate_state(state, config, target.config, str(path))
 

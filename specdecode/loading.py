@@ -235,12 +235,26 @@ def config_from_hf(cfg: dict, source: Path) -> ModelConfig:
         raise ModelLoadError(f"{source}/config.json: missing required field {e.args[0]!r}") from None
 
 
-def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+def read_config_json(model_dir: Path, error: type[Exception] = None, what: str = "a model directory") -> dict:
+    """config.json of a model/drafter directory, with errors that name the file."""
+    error = error or ModelLoadError
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.exists():
+        raise error(f"{cfg_path}: not found; {what} needs config.json + *.safetensors")
+    try:
+        return json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise error(f"{cfg_path}: invalid JSON ({e})") from None
+
+
+def read_safetensors(model_dir: Path, error: type[Exception] = None) -> dict[str, torch.Tensor]:
+    """Every *.safetensors file of a directory (never pickle), with errors that name the file."""
     from safetensors.torch import load_file
 
+    error = error or ModelLoadError
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(
+        raise error(
             f"{model_dir}: no *.safetensors weights found (pickled .bin checkpoints are not loaded "
             "for safety; convert them to safetensors)"
         )
@@ -249,7 +263,7 @@ def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(f)))
         except Exception as e:  # safetensors raises SafetensorError on truncated/corrupt files
-            raise ModelLoadError(f"{f}: cannot read safetensors ({e}); the file may be truncated") from e
+            raise error(f"{f}: cannot read safetensors ({e}); the file may be truncated") from None
     return state
 
 
@@ -285,15 +299,8 @@ def fuse_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> d
 
 
 def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: str | torch.device) -> Transformer:
-    cfg_path = model_dir / "config.json"
-    if not cfg_path.exists():
-        raise ModelLoadError(f"{cfg_path}: not found; a model directory needs config.json + *.safetensors")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{cfg_path}: invalid JSON ({e})") from e
-    config = config_from_hf(cfg, model_dir)
-    state = _read_safetensors(model_dir)
+    config = config_from_hf(read_config_json(model_dir), model_dir)
+    state = read_safetensors(model_dir)
     try:
         state = fuse_hf_state_dict(state, config)
     except KeyError as e:

@@ -14,10 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
-from .bench import BaselineMethod, build_method, run_interleaved, summarize
-from .loading import load_model, parse_dtype
+from .bench import BaselineMethod, build_method, run_interleaved, setup_run, summarize
 from .prompts import encode_prompt, load_prompts
-from .runtime import configure_threads, resolve_device
 
 
 def grid(steps: list[int], topks: list[int], draft_tokens: list[int] | None) -> list[str]:
@@ -162,10 +160,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console(stderr=True)
-    threads = configure_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = parse_dtype(args.dtype)
-    loaded = load_model(args.model, dtype, device)
+    threads, device, dtype, loaded = setup_run(args)
     specs = grid(args.steps, args.topk, args.draft_tokens)
     drafters: dict = {}
     methods = [BaselineMethod("baseline", loaded)] + [
