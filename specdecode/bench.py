@@ -11,11 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -164,35 +161,28 @@ def build_method(spec: str, loaded: LoadedModel, dtype: torch.dtype, device: tor
     raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N]")
 
 
-def environment(args: argparse.Namespace, threads: int, device: torch.device) -> dict:
-    """What the numbers depend on besides the code (the bench issue extends this)."""
-    prefixes = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "TORCH_", "PYTORCH_", "CUDA_", "NCCL_",
-                "SPECDECODE_")
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes) or k == "LD_PRELOAD"}
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    import transformers
+def capture_fingerprint(args: argparse.Namespace, threads: int, device: torch.device, loaded: LoadedModel,
+                        drafter_paths: list[str] = ()) -> dict:
+    """The run's fingerprint (see fingerprint.py), with the launch profile and any contradiction
+    between it and the live environment, which is also printed."""
+    from .fingerprint import capture
+    from .profiles import load_profile
 
-    return {
-        "threads": threads, "interop_threads": torch.get_num_interop_threads(),
-        "dtype": str(parse_dtype(args.dtype)).removeprefix("torch."), "device": str(device),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(), "cpu": cpu, "cores": os.cpu_count(),
-        "loadavg": os.getloadavg(), "env": env, "git_commit": commit, "argv": sys.argv,
-    }
+    profile = None
+    if getattr(args, "launch_profile", None):
+        profile = load_profile(args.launch_profile).record(threads)
+        for c in profile["contradictions"]:
+            print(f"WARNING: the live environment contradicts launch profile {profile['name']!r}: {c}",
+                  file=sys.stderr)
+    return capture(threads=threads, dtype=str(parse_dtype(args.dtype)).removeprefix("torch."), device=str(device),
+                   model_path=loaded.source, drafter_paths=sorted(p for p in drafter_paths if p != "random"),
+                   launch_profile=profile)
 
 
 def geomean_ci(ratios: list[float], seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
     logs = [math.log(r) for r in ratios]
+    if not logs:
+        return float("nan"), float("nan"), float("nan")
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(mean), float("nan"), float("nan")
@@ -203,13 +193,16 @@ def geomean_ci(ratios: list[float], seed: int = 0, rounds: int = 2000) -> tuple[
 
 def summarize(records: list[dict], methods: list[str]) -> list[dict]:
     base = {(r["prompt_id"], r["run"]): r for r in records if r["method"] == methods[0]}
+    base_any = {pid: r for (pid, _), r in sorted(base.items(), key=lambda kv: -kv[0][1])}  # run 0 wins
     rows = []
     for m in methods:
         rs = [r for r in records if r["method"] == m]
+        if not rs:
+            continue
         speeds = [r["tok_per_s"] for r in rs]
         ratios, matches = [], []
         for r in rs:
-            b = base.get((r["prompt_id"], r["run"]))
+            b = base.get((r["prompt_id"], r["run"])) or base_any.get(r["prompt_id"])
             if b:
                 ratios.append(r["tok_per_s"] / b["tok_per_s"])
                 matches.append(r["token_ids"] == b["token_ids"])
@@ -254,9 +247,45 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per method before measuring")
     p.add_argument("--runs", type=int, default=1, help="passes over the prompt set")
-    p.add_argument("--out", default="bench-results.json", help="JSON file for records and summary")
+    p.add_argument("--out", default=None,
+                   help="also write the run to FILE: .jsonl appends a run line and one line per record; "
+                        "other names get one JSON document")
+    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
+                                                 "~/.local/share/specdecode/results.db)")
+    p.add_argument("--no-store", action="store_true", help="do not append the run to the results store")
+    p.add_argument("--baseline-from", default=None, metavar="RUN",
+                   help="take the baseline from a stored run (id, prefix, 'latest' or results file) instead of "
+                        "measuring it; refused when that run's environment differs in a performance-relevant way")
+    p.add_argument("--allow-env-mismatch", action="store_true",
+                   help="with --baseline-from: compare anyway, with a loud warning and the differences recorded")
     p.add_argument("--op-profile", action="store_true",
                    help="also profile aten ops over one baseline generation and print the top ops")
+
+
+def stored_baseline(ref: str, store, fingerprint: dict, allow_mismatch: bool, prompt_ids: set[str]) -> tuple[
+        str, list[dict], list[str]]:
+    """(method name, records, warnings) of the baseline of a stored run, after checking that it
+    was measured in an environment this run can be compared with."""
+    from .fingerprint import diff, performance_relevant
+    from .store import load_run
+
+    run = load_run(ref, store)
+    records = [r for r in run.records if r.get("method") == "baseline" and str(r.get("prompt_id")) in prompt_ids]
+    if not records:
+        raise ValueError(f"run {run.run_id} has no 'baseline' records for these prompts: measure the baseline in "
+                         f"this run instead (drop --baseline-from)")
+    relevant = performance_relevant(diff(run.fingerprint, fingerprint))
+    lines = [f"  {d}   [{d.why}]" for d in relevant]
+    high = [d for d in relevant if d.impact >= 3]
+    if high and not allow_mismatch:
+        raise ValueError(
+            f"refusing to use the baseline of run {run.run_id}: it was measured in an environment that differs in "
+            f"performance-relevant ways:\n" + "\n".join(lines) + "\nRe-measure the baseline in this run (drop "
+            "--baseline-from), restore that environment (e.g. --launch-profile), or pass --allow-env-mismatch.")
+    warnings = ([f"WARNING: baseline from run {run.run_id} was measured in a different environment:"] + lines
+                if relevant else [])
+    name = f"baseline@{run.run_id}"
+    return name, [r | {"method": name} for r in records], warnings
 
 
 def run_interleaved(methods: list, prompts: list, encoded: list[list[int]], max_new_tokens: int, runs: int,
@@ -297,7 +326,8 @@ def setup_run(args: argparse.Namespace) -> tuple[int, torch.device, torch.dtype,
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
+
+    from .store import ResultsStore, Run, append_jsonl, new_run_id
 
     console = Console(stderr=True)
     threads, device, dtype, loaded = setup_run(args)
@@ -308,53 +338,112 @@ def cmd_bench(args: argparse.Namespace) -> int:
     methods = [build_method(s, loaded, dtype, device, args.drafter, drafters) for s in specs]
     prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
     encoded = [encode_prompt(p, loaded.tokenizer) for p in prompts]
+    fingerprint = capture_fingerprint(args, threads, device, loaded, list(drafters))
+    store = None if args.no_store else ResultsStore(args.store)
 
-    records = run_interleaved(methods, prompts, encoded, args.max_new_tokens, args.runs, args.warmup, console)
+    reference: list[dict] = []
+    warnings: list[str] = []
+    if args.baseline_from:
+        name, reference, warnings = stored_baseline(args.baseline_from, store or ResultsStore(args.store),
+                                                     fingerprint, args.allow_env_mismatch, {p.id for p in prompts})
+        specs = [name] + specs
+        fingerprint["baseline_from"] = {"run": name.split("@", 1)[1], "warnings": warnings}
+    for w in warnings:
+        console.print(w, style="bold red", markup=False, highlight=False)
+
+    records = reference + run_interleaved(methods, prompts, encoded, args.max_new_tokens, args.runs, args.warmup,
+                                          console)
     summary = summarize(records, specs)
     categories = sorted({r["category"] for r in records})
     by_category = {c: summarize([r for r in records if r["category"] == c], specs) for c in categories}
-    table = Table(title=f"specdecode bench: {len(prompts)} prompts x {args.runs} runs, "
-                        f"{args.max_new_tokens} new tokens, {dtype}, {threads} threads, {device}")
-    for col in ("method", "tok/s median", "min", "max", "ms/token", "TTFT ms", "speedup (95% CI)",
-                "accept len", "same output"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    for row in summary:
-        lo, hi = row["speedup_ci95"]
-        table.add_row(row["method"], f"{row['tok_per_s_median']:.1f}", f"{row['tok_per_s_min']:.1f}",
-                      f"{row['tok_per_s_max']:.1f}", f"{row['ms_per_token_median']:.1f}",
-                      f"{row['ttft_ms_median']:.0f}", f"{row['speedup']:.2f}x ({lo:.2f}-{hi:.2f})",
-                      f"{row['accept_length']:.2f}" if "accept_length" in row else "-",
-                      row["outputs_match_baseline"])
-    out = Console(width=160) if not sys.stdout.isatty() else Console()
-    out.print(table)
+    title = (f"specdecode bench: {len(prompts)} prompts x {args.runs} runs, {args.max_new_tokens} new tokens, "
+             f"{dtype}, {threads} threads, {device}")
+    out = Console(width=170) if not sys.stdout.isatty() else Console()
+    out.print(summary_table(title, summary))
     if len(categories) > 1:
-        cat_table = Table(title="per category: tok/s median / speedup / accept length")
-        cat_table.add_column("category")
-        for m in specs:
-            cat_table.add_column(m, justify="right")
-        for c in categories:
-            cells = []
-            for row in by_category[c]:
-                acc = f" / {row['accept_length']:.2f}" if "accept_length" in row else ""
-                cells.append(f"{row['tok_per_s_median']:.1f} / {row['speedup']:.2f}x{acc}")
-            cat_table.add_row(c, *cells)
-        out.print(cat_table)
+        out.print(category_table(by_category, specs))
 
-    result = {"environment": environment(args, threads, device), "model": str(loaded.source),
-              "max_new_tokens": args.max_new_tokens, "summary": summary, "by_category": by_category,
-              "records": records}
+    meta = {"model": str(loaded.source), "max_new_tokens": args.max_new_tokens, "runs": args.runs,
+            "by_category": by_category}
     if args.op_profile:
         base = next((m for m in methods if isinstance(m, BaselineMethod)), None) or BaselineMethod(
             "baseline", loaded)
-        ops = op_profile(base, encoded[0], args.max_new_tokens)
-        result["op_profile"] = ops
-        ops_table = Table(title="baseline decode: self time per op")
-        for col in ("op", "ms/token", "share", "calls"):
-            ops_table.add_column(col, justify="left" if col == "op" else "right")
-        for o in ops:
-            ops_table.add_row(o["op"], f"{o['self_ms_per_token']:.2f}", f"{100 * o['share']:.1f}%",
-                              str(o["calls"]))
-        out.print(ops_table)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    console.print(f"wrote {args.out}")
+        meta["op_profile"] = op_profile(base, encoded[0], args.max_new_tokens)
+        out.print(op_table(meta["op_profile"]))
+    save_run(Run(new_run_id(), "bench", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, records, meta),
+             store, args.out, console)
+    for w in warnings:  # again at the end, where the eye lands
+        console.print(w, style="bold red", markup=False, highlight=False)
     return 0
+
+
+def save_run(run, store, out: str | None, console) -> None:
+    """Append the run to the store and/or write it to ``out``; say where it went."""
+    from .store import append_jsonl
+
+    where = []
+    if store is not None:
+        store.save(run)
+        where.append(f"store {store.path}")
+    if out:
+        if out.endswith(".jsonl"):
+            append_jsonl(out, run)
+        else:
+            Path(out).write_text(json.dumps({"run_id": run.run_id, "kind": run.kind, "created": run.created,
+                                             "fingerprint": run.fingerprint, "summary": run.summary,
+                                             **run.meta, "records": run.records}, indent=1))
+        where.append(out)
+    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
+
+
+def _fmt_speedup(row: dict) -> str:
+    lo, hi = row["speedup_ci95"]
+    return f"{row['speedup']:.2f}x" + ("" if math.isnan(lo) else f" ({lo:.2f}-{hi:.2f})")
+
+
+SUMMARY_COLUMNS = ("tok/s median", "min", "max", "ms/token", "TTFT ms", "speedup (95% CI)", "accept len",
+                   "accept rate", "same output")
+
+
+def _summary_cells(row: dict) -> list[str]:
+    return [f"{row['tok_per_s_median']:.1f}", f"{row['tok_per_s_min']:.1f}", f"{row['tok_per_s_max']:.1f}",
+            f"{row['ms_per_token_median']:.1f}", f"{row['ttft_ms_median']:.0f}", _fmt_speedup(row),
+            f"{row['accept_length']:.2f}" if "accept_length" in row else "-",
+            f"{row['accept_rate']:.2f}" if "accept_rate" in row else "-", row["outputs_match_baseline"]]
+
+
+def summary_table(title: str, summary: list[dict]):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("method")
+    for col in SUMMARY_COLUMNS:
+        table.add_column(col, justify="right")
+    for row in summary:
+        table.add_row(row["method"], *_summary_cells(row))
+    return table
+
+
+def category_table(by_category: dict[str, list[dict]], specs: list[str]):
+    from rich.table import Table
+
+    table = Table(title="per category")
+    table.add_column("category")
+    table.add_column("method")
+    for col in SUMMARY_COLUMNS:
+        table.add_column(col, justify="right")
+    for c, rows in by_category.items():
+        for i, row in enumerate(rows):
+            table.add_row(c if i == 0 else "", row["method"], *_summary_cells(row), end_section=i == len(rows) - 1)
+    return table
+
+
+def op_table(ops: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="baseline decode: self time per op")
+    for col in ("op", "ms/token", "share", "calls"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for o in ops:
+        table.add_row(o["op"], f"{o['self_ms_per_token']:.2f}", f"{100 * o['share']:.1f}%", str(o["calls"]))
+    return table

@@ -7,7 +7,6 @@ import json
 import sys
 import time
 
-from .loading import ModelLoadError
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -18,7 +17,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: $SPECDECODE_THREADS or the cores available)")
+                   help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
+                        "cores available)")
+    g.add_argument("--launch-profile", default=None, metavar="NAME",
+                   help="apply a saved launch profile (environment variables, from `specdecode tune`) before any "
+                        "library starts: the command re-executes itself with it; recorded in results")
 
 
 # Measured on this machine (benchmarks/results/sweep-bf16): with the shipped drafter a chain of
@@ -128,6 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
              "verify cost vs tokens verified, acceptance per position, a cost-model prediction, and PNG plots.",
              (add_sweep_args, add_model_args), cmd_sweep)
 
+    from .compare import add_compare_args, cmd_compare
+    from .store import add_runs_args, cmd_runs
+    from .tune import add_tune_args, cmd_tune
+
+    register(sub, "compare", "compare two stored runs: speed ratio with significance, environment diff ranked",
+             "Per method, the B/A speed ratio with a 95% CI and a p-value (paired by prompt when possible), and "
+             "the fingerprint differences ranked by likely impact; a change beyond noise in a changed environment "
+             "is reported first.", (add_compare_args,), cmd_compare)
+    register(sub, "runs", "list the runs in the results store", None, (add_runs_args,), cmd_runs)
+    register(sub, "tune", "search a grid of environment variables, each point in a fresh process",
+             "Run `specdecode bench` (arguments after --) once per point of the environment grid, each in a fresh "
+             "process (these variables are read at start-up), rounds rotated against drift; report the best point "
+             "and save it as a launch profile.", (add_tune_args,), cmd_tune)
+
     from .bench import add_bench_args, cmd_bench
     bench = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",
                            description="Compare decoding methods on the same prompts, model, dtype and "
@@ -193,6 +210,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     record = result.to_dict() | {
         "method": method, "model": str(loaded.source), "dtype": args.dtype, "device": str(device),
         "threads": threads, "load_s": load_s}
+    if args.launch_profile:
+        from .profiles import load_profile
+
+        record["launch_profile"] = load_profile(args.launch_profile).record(threads)
+        for c in record["launch_profile"]["contradictions"]:
+            err.print(f"WARNING: the live environment contradicts launch profile {args.launch_profile!r}: {c}",
+                      style="bold red", markup=False)
     if args.profile and result.stats:
         from .profiler import format_profile
 
@@ -211,6 +235,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .profiles import reexec_with_profile
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        # before torch is imported: thread pools and NCCL read their variables at start-up
+        reexec_with_profile(argv)
+    except ValueError as e:
+        print(f"specdecode: error: {e}", file=sys.stderr)
+        return 2
+    from .loading import ModelLoadError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -15,14 +15,19 @@ def available_cores() -> int:
 
 
 def configure_threads(threads: int | None) -> int:
-    """Set torch's intra-op threads (flag > SPECDECODE_THREADS > cores available).
+    """Set torch's intra-op threads (flag > SPECDECODE_THREADS > OMP_NUM_THREADS > cores
+    available): an OMP_NUM_THREADS in the environment (or a launch profile) is honoured,
+    as every OpenMP program would, and the fingerprint records it.
 
     Oversubscription (more threads than cores) slowed decode 5x on a 2-core machine,
     so the default is the number of cores this process may run on.
     """
     if threads is None:
-        env = os.environ.get("SPECDECODE_THREADS")
-        threads = int(env) if env else available_cores()
+        env = os.environ.get("SPECDECODE_THREADS") or os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
+        try:
+            threads = int(env) if env else available_cores()
+        except ValueError:
+            raise ValueError(f"SPECDECODE_THREADS/OMP_NUM_THREADS must be an integer, got {env!r}") from None
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     torch.set_num_threads(threads)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
-from .bench import BaselineMethod, build_method, run_interleaved, setup_run, summarize
+from .bench import BaselineMethod, build_method, capture_fingerprint, run_interleaved, setup_run, summarize
+from .store import ResultsStore, Run, new_run_id
 from .prompts import encode_prompt, load_prompts
 
 
@@ -153,6 +155,9 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", default="sweep", help="directory for sweep.json and the PNG plots")
+    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
+                                                 "~/.local/share/specdecode/results.db)")
+    p.add_argument("--no-store", action="store_true", help="do not append the run to the results store")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -167,13 +172,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         build_method(s, loaded, dtype, device, args.drafter, drafters) for s in specs]
     prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
     encoded = [encode_prompt(p, loaded.tokenizer) for p in prompts]
+    fingerprint = capture_fingerprint(args, threads, device, loaded, list(drafters))
     records = run_interleaved(methods, prompts, encoded, args.max_new_tokens, args.runs, args.warmup, console)
     result = analyse(records, specs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result["plots"] = [str(p) for p in plot(result, out)]
-    result["threads"], result["dtype"] = threads, args.dtype
+    result["threads"], result["dtype"], result["fingerprint"] = threads, args.dtype, fingerprint
     (out / "sweep.json").write_text(json.dumps(result | {"records": records}, indent=1))
+    if not args.no_store:
+        store = ResultsStore(args.store)
+        summary = summarize(records, ["baseline"] + specs)
+        run = Run(new_run_id(), "sweep", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, records,
+                  {k: v for k, v in result.items() if k != "fingerprint"})
+        store.save(run)
+        console.print(f"run {run.run_id} saved to store {store.path}")
 
     table = Table(title=f"sweep: {len(prompts)} prompts, {args.dtype}, {threads} threads; baseline "
                         f"{1000 / result['baseline_ms_per_token']:.1f} tok/s")

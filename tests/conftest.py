@@ -4,6 +4,24 @@ import torch
 from specdecode.model import ModelConfig, Transformer
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_results(tmp_path_factory):
+    """Runs measured by tests (and their subprocesses) go to a throwaway store and profile dir,
+    never the user's."""
+    import os
+
+    root = tmp_path_factory.mktemp("specdecode-home")
+    saved = {k: os.environ.get(k) for k in ("SPECDECODE_RESULTS_DB", "SPECDECODE_PROFILE_DIR")}
+    os.environ["SPECDECODE_RESULTS_DB"] = str(root / "results.db")
+    os.environ["SPECDECODE_PROFILE_DIR"] = str(root / "profiles")
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def tiny_config(**overrides) -> ModelConfig:
     base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=6, num_heads=4,
                 num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=256)

@@ -55,7 +55,7 @@ def test_bench_writes_json(tmp_path):
     result = json.loads(out_file.read_text())
     assert result["summary"][0]["method"] == "baseline"
     assert result["summary"][0]["outputs_match_baseline"] == "2/2"
-    assert len(result["records"]) == 2 and result["environment"]["threads"] >= 1
+    assert len(result["records"]) == 2 and result["fingerprint"]["threads"] >= 1
     assert result["op_profile"] and result["op_profile"][0]["op"].startswith("aten::")
 
 
