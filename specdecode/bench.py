@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -260,6 +261,15 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="with --baseline-from: compare anyway, with a loud warning and the differences recorded")
     p.add_argument("--op-profile", action="store_true",
                    help="also profile aten ops over one baseline generation and print the top ops")
+    r = p.add_argument_group("remote mode (any OpenAI-compatible server: ours, SGLang, vLLM, llama.cpp)")
+    r.add_argument("--endpoint", default=None, metavar="URL",
+                   help="measure the server at URL over streaming instead of a local model: TTFT, TPOT, ITL, "
+                        "output tok/s, failures, and the server's own speculative metrics")
+    r.add_argument("--endpoint-model", default=None, help="model name to request (default: the first of /v1/models)")
+    r.add_argument("--api", choices=("chat", "completions"), default="chat")
+    r.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    r.add_argument("--api-key", default=None, help="bearer token (default: $SPECDECODE_API_KEY or $OPENAI_API_KEY)")
+    r.add_argument("--temperature", type=float, default=0.0)
 
 
 def stored_baseline(ref: str, store, fingerprint: dict, allow_mismatch: bool, prompt_ids: set[str]) -> tuple[
@@ -330,6 +340,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .store import ResultsStore, Run, append_jsonl, new_run_id
 
     console = Console(stderr=True)
+    if args.endpoint:
+        return bench_remote(args, console)
     threads, device, dtype, loaded = setup_run(args)
     specs = split_methods(args.methods)
     if len(set(specs)) != len(specs):
@@ -375,6 +387,76 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for w in warnings:  # again at the end, where the eye lands
         console.print(w, style="bold red", markup=False, highlight=False)
     return 0
+
+
+def bench_remote(args: argparse.Namespace, console) -> int:
+    """``bench --endpoint``: the same prompts, runs, table and store, over HTTP streaming."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .fingerprint import capture
+    from .remote import RemoteError, measure_endpoint
+    from .store import ResultsStore, Run, new_run_id
+
+    if args.baseline_from or args.op_profile:
+        raise ValueError("--baseline-from and --op-profile measure a local model; drop them with --endpoint")
+    prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
+    api_key = args.api_key or os.environ.get("SPECDECODE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    fingerprint = capture(threads=torch.get_num_threads(), dtype="(server)", device="remote") | {
+        "endpoint": args.endpoint, "concurrency": args.concurrency, "api": args.api}
+    records, remote = [], []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("requests", total=len(prompts) * args.runs)
+        for run in range(args.runs):
+            try:
+                rr = measure_endpoint(args.endpoint, prompts, model=args.endpoint_model,
+                                      max_new_tokens=args.max_new_tokens, concurrency=args.concurrency,
+                                      api=args.api, api_key=api_key, temperature=args.temperature,
+                                      warmup=args.warmup if run == 0 else 0,
+                                      on_done=lambda _: progress.advance(task))
+            except RemoteError as e:
+                raise ValueError(f"{e} (is the server at {args.endpoint} running?)") from None
+            method = f"remote:{rr.model}"
+            records += rr.records(method, run)
+            remote.append(rr.summary() | {"run": run})
+    fingerprint["server_model"] = rr.model
+    summary = summarize(records, [method]) if records else []
+    for row in summary:
+        row["outputs_match_baseline"] = "n/a"  # one method, its own reference
+    out = Console(width=170) if not sys.stdout.isatty() else Console()
+    out.print(summary_table(f"specdecode bench --endpoint {args.endpoint}: {len(prompts)} prompts x {args.runs} "
+                            f"runs, {args.max_new_tokens} new tokens, concurrency {args.concurrency}", summary))
+    table = Table(title="remote: per run (client-side timing; server's speculative counters as deltas)")
+    for col in ("run", "ok/requests", "output tok/s", "TTFT ms med/p90/p99", "TPOT ms", "ITL ms med/p90/p99",
+                "server accept len", "accept rate", "per position"):
+        table.add_column(col, justify="right")
+    for s in remote:
+        spec = s["server_spec"] or {}
+        f = lambda *keys: "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in keys)  # noqa: E731
+        table.add_row(str(s["run"]), f"{s['ok']}/{s['requests']}",
+                      "-" if s["output_tok_per_s"] is None else f"{s['output_tok_per_s']:.1f}",
+                      f("ttft_ms_median", "ttft_ms_p90", "ttft_ms_p99"),
+                      "-" if s["tpot_ms_median"] is None else f"{s['tpot_ms_median']:.1f}",
+                      f("itl_ms_median", "itl_ms_p90", "itl_ms_p99"),
+                      "-" if spec.get("accept_length") is None else f"{spec['accept_length']:.2f}",
+                      "-" if spec.get("accept_rate") is None else f"{spec['accept_rate']:.2f}",
+                      " ".join(f"{x:.2f}" for x in spec.get("per_position") or []) or
+                      (s["server_spec_reason"] or "-")[:40])
+    out.print(table)
+    failed = sum(s["failed"] for s in remote)
+    if failed:
+        errors = {}
+        for s in remote:
+            for k, v in s["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        console.print(f"{failed} failed request(s): " + "; ".join(f"{v}x {k}" for k, v in errors.items()),
+                      style="bold red", markup=False)
+    store = None if args.no_store else ResultsStore(args.store)
+    save_run(Run(new_run_id(), "bench-remote", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, records,
+                 {"endpoint": args.endpoint, "max_new_tokens": args.max_new_tokens, "remote": remote}),
+             store, args.out, console)
+    return 0 if not failed else 1
 
 
 def save_run(run, store, out: str | None, console) -> None:

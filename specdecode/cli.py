@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .check import add_check_args, cmd_check
     from .data import add_data_args, cmd_data_build
-    from .report import add_report_args, cmd_report
+    from .train_report import add_report_args, cmd_report
     from .sweep import add_sweep_args, cmd_sweep
     from .train import add_eval_args, add_train_args, cmd_eval, cmd_train
 
@@ -131,15 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
              "verify cost vs tokens verified, acceptance per position, a cost-model prediction, and PNG plots.",
              (add_sweep_args, add_model_args), cmd_sweep)
 
-    from .compare import add_compare_args, cmd_compare
-    from .store import add_runs_args, cmd_runs
-    from .tune import add_tune_args, cmd_tune
+    from .report import add_run_report_args, cmd_run_report
 
-    register(sub, "compare", "compare two stored runs: speed ratio with significance, environment diff ranked",
-             "Per method, the B/A speed ratio with a 95% CI and a p-value (paired by prompt when possible), and "
-             "the fingerprint differences ranked by likely impact; a change beyond noise in a changed environment "
-             "is reported first.", (add_compare_args,), cmd_compare)
-    register(sub, "runs", "list the runs in the results store", None, (add_runs_args,), cmd_runs)
+    register(sub, "report", "one Markdown or HTML page from stored runs: tables, plots, what changed",
+             None, (add_run_report_args,), cmd_run_report)
     register(sub, "tune", "search a grid of environment variables, each point in a fresh process",
              "Run `specdecode bench` (arguments after --) once per point of the environment grid, each in a fresh "
              "process (these variables are read at start-up), rounds rotated against drift; report the best point "

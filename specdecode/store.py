@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import secrets
 import sqlite3
 import time
@@ -65,26 +66,45 @@ class ResultsStore:
     def _connect(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            conn = sqlite3.connect(self.path, timeout=60)
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)  # transactions are explicit
         except sqlite3.Error as e:
             raise ValueError(f"cannot open the results store {self.path}: {e} "
                              "(set SPECDECODE_RESULTS_DB or pass --store to use another file)") from None
         with closing(conn):
+            self._prepare(conn)
+            yield conn
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and the schema. Switching to WAL takes an exclusive lock that the busy timeout
+        does not cover, so a writer racing another one's first use retries here."""
+        for attempt in range(200):
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(SCHEMA)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise ValueError(f"results store {self.path}: {e}") from None
+                time.sleep(0.01 + 0.02 * random.random())
             except sqlite3.DatabaseError as e:
                 raise ValueError(f"{self.path} is not a specdecode results store ({e}); "
                                  "pass --store with another path") from None
-            yield conn
+        raise ValueError(f"results store {self.path} stayed locked by another process for too long")
 
     def save(self, run: Run) -> None:
-        with self._connect() as conn, conn:  # one transaction: a run lands whole or not at all
-            conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
-                         (run.run_id, run.kind, run.created, json.dumps(run.fingerprint),
-                          json.dumps(run.summary), json.dumps(run.meta)))
-            conn.executemany("INSERT INTO records VALUES (?, ?, ?)",
-                             [(run.run_id, i, json.dumps(r)) for i, r in enumerate(run.records)])
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")  # take the write lock now (waits up to the busy timeout)
+            try:
+                conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+                             (run.run_id, run.kind, run.created, json.dumps(run.fingerprint),
+                              json.dumps(run.summary), json.dumps(run.meta)))
+                conn.executemany("INSERT INTO records VALUES (?, ?, ?)",
+                                 [(run.run_id, i, json.dumps(r)) for i, r in enumerate(run.records)])
+            except BaseException:
+                conn.execute("ROLLBACK")  # a run lands whole or not at all
+                raise
+            conn.execute("COMMIT")
 
     def list_runs(self, limit: int = 20) -> list[dict]:
         with self._connect() as conn:

@@ -209,3 +209,29 @@ def test_redacted_values_never_reach_the_store(tmp_path, monkeypatch):
     assert b"topsecret-value" not in (tmp_path / "r.db").read_bytes()
     assert "topsecret-value" not in json.dumps(fp)
     assert os.environ["SPECDECODE_API_KEY"] == "topsecret-value"  # redaction does not touch the live env
+
+
+def test_report_markdown_and_html(tmp_path):
+    from specdecode.cli import main
+
+    store = ResultsStore(tmp_path / "r.db")
+    a = _run("20261130-100000-aaaaaa", {"baseline": [50, 52, 48, 51, 49, 53], "eagle3:steps=2": [60] * 6},
+             accept=1.6)
+    b = _run("20261130-110000-bbbbbb", {"baseline": [35, 36, 34, 35, 36, 33], "eagle3:steps=2": [42] * 6},
+             fp=_fp(threads=1), accept=1.6)
+    for r in (a, b):
+        r.summary = [s | {"tok_per_s_min": 30.0, "tok_per_s_max": 60.0} for s in r.summary]
+        r.meta = {"by_category": {"c": r.summary}, "max_new_tokens": 64}
+        store.save(r)
+    md = tmp_path / "out" / "report.md"
+    assert main(["report", a.run_id, b.run_id, "--store", str(store.path), "--out", str(md)]) == 0
+    text = md.read_text()
+    assert "RESULTS DIFFER BEYOND NOISE" in text and "torch threads" in text
+    assert "| eagle3:steps=2 |" in text and "1.60" in text
+    pngs = list((tmp_path / "out" / "report-files").glob("*.png"))
+    assert len(pngs) == 2 and all(f"report-files/{p.name}" in text for p in pngs)
+    page = tmp_path / "report.html"
+    assert main(["report", "latest", "--store", str(store.path), "--out", str(page)]) == 0
+    html_text = page.read_text()
+    assert html_text.startswith("<!doctype html>") and "data:image/png;base64," in html_text
+    assert main(["report", "nope", "--store", str(store.path), "--out", str(page)]) == 2

@@ -187,7 +187,7 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
 
 
 def test_train_report_table_and_plot(tmp_path):
-    from specdecode.report import collect, markdown, plot
+    from specdecode.train_report import collect, markdown, plot
 
     for n, acc in ((100, 1.5), (400, 2.1)):
         d = tmp_path / f"r{n}"

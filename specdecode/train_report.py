@@ -1,0 +1,73 @@
+"""`specdecode train-report`: acceptance against training-set size, as a table and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def collect(run_dirs: list[str]) -> list[dict]:
+    rows = []
+    for d in run_dirs:
+        path = Path(d) / "training_summary.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: not found (is {d} a finished `specdecode train` output?)")
+        s = json.loads(path.read_text())
+        ev = s.get("final_eval") or {}
+        rows.append({
+            "run": str(d), "samples": s["samples"], "assistant_tokens": s.get("assistant_tokens"),
+            "steps": s["steps"], "coverage": s["coverage"], "minutes": s["seconds_this_run"] / 60,
+            "accept_length_by_depth": {int(k): v for k, v in (ev.get("accept_length_by_depth") or {}).items()},
+            "step_acc": ev.get("step_acc", []),
+        })
+    return sorted(rows, key=lambda r: r["samples"])
+
+
+def markdown(rows: list[dict], depths: tuple[int, ...] = (2, 3, 4, 5)) -> str:
+    head = "| samples | assistant tokens | steps | draft-vocab coverage | " + " | ".join(
+        f"accept len (chain {d})" for d in depths) + " | step-1 acc |"
+    lines = [head, "|" + "---|" * (5 + len(depths))]
+    for r in rows:
+        acc = r["accept_length_by_depth"]
+        step1 = f"{r['step_acc'][0]:.2f}" if r["step_acc"] else "-"
+        lines.append(f"| {r['samples']} | {r['assistant_tokens'] or '-'} | {r['steps']} | {100 * r['coverage']:.1f}% | "
+                     + " | ".join(f"{acc[d]:.2f}" if d in acc else "-" for d in depths) + f" | {step1} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path, depths: tuple[int, ...] = (2, 3, 4, 5)) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d in depths:
+        pts = [(r["samples"], r["accept_length_by_depth"][d]) for r in rows if d in r["accept_length_by_depth"]]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"chain of {d}")
+    ax.set_xscale("log")
+    ax.set(xlabel="training samples (target-generated responses)", ylabel="held-out accept length",
+           title="EAGLE-3 drafter for SmolLM2-135M: data scaling")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", help="output directories of `specdecode train`")
+    p.add_argument("--plot", default="data_scaling.png")
+    p.add_argument("--json", default=None, help="also write the rows as JSON")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    rows = collect(args.runs)
+    print(markdown(rows))
+    plot(rows, Path(args.plot))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
