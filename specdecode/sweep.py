@@ -154,6 +154,10 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--dtypes", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                   help="sweep these dtypes too, e.g. float32,bfloat16 (default: --dtype)")
+    p.add_argument("--threads-grid", type=int_list, default=None,
+                   help="sweep these thread counts too, e.g. 1,2 (default: --threads)")
     p.add_argument("--out", default="sweep", help="directory for sweep.json and the PNG plots")
     p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
                                                  "~/.local/share/specdecode/results.db)")
@@ -161,10 +165,39 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    """One sweep per (dtype, threads) setting; each is its own interleaved measurement with its own
+    baseline (settings cannot be interleaved: a model is loaded per dtype). With several settings
+    the outputs go to OUT/DTYPE-Nt/ and a last table compares the settings' best points."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(stderr=True)
+    settings = [(d, t) for d in (args.dtypes or [args.dtype]) for t in (args.threads_grid or [args.threads])]
+    bests = []
+    for dtype_name, threads in settings:
+        one = argparse.Namespace(**vars(args) | {"dtype": dtype_name, "threads": threads})
+        sub = None if len(settings) == 1 else f"{dtype_name}-{threads}t"
+        result = sweep_one(one, Path(args.out) / sub if sub else Path(args.out), console)
+        if result["best"]:
+            best = next(c for c in result["configs"] if c["method"] == result["best"])
+            bests.append((f"{dtype_name}, {result['threads']} threads", 1000 / result["baseline_ms_per_token"], best))
+    if len(settings) > 1 and bests:
+        table = Table(title="best configuration per setting (each with its own interleaved baseline)")
+        for col in ("setting", "baseline tok/s", "best config", "tok/s", "speedup", "accept len"):
+            table.add_column(col, justify="left" if col in ("setting", "best config") else "right")
+        for label, base, c in sorted(bests, key=lambda b: -b[2]["tok_per_s"]):
+            table.add_row(label, f"{base:.1f}", c["method"].removeprefix("eagle3:"), f"{c['tok_per_s']:.1f}",
+                          f"{c['speedup']:.2f}x", f"{c['accept_length']:.2f}")
+        Console(width=170).print(table)
+        top = max(bests, key=lambda b: b[2]["tok_per_s"])
+        console.print(f"fastest overall: {top[2]['method']} at {top[0]} ({top[2]['tok_per_s']:.1f} tok/s)")
+    return 0
+
+
+def sweep_one(args: argparse.Namespace, out: Path, console) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
     threads, device, dtype, loaded = setup_run(args)
     specs = grid(args.steps, args.topk, args.draft_tokens)
     drafters: dict = {}
@@ -175,7 +208,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     fingerprint = capture_fingerprint(args, threads, device, loaded, list(drafters))
     records = run_interleaved(methods, prompts, encoded, args.max_new_tokens, args.runs, args.warmup, console)
     result = analyse(records, specs)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result["plots"] = [str(p) for p in plot(result, out)]
     result["threads"], result["dtype"], result["fingerprint"] = threads, args.dtype, fingerprint
@@ -204,4 +236,4 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(f"best: {result['best']}; verify ms by tokens verified: "
                   + ", ".join(f"{n}: {v:.1f}" for n, v in result["verify_ms_by_tokens"].items()))
     console.print(f"wrote {out / 'sweep.json'} and {len(result['plots'])} plots")
-    return 0
+    return result
