@@ -131,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
              "verify cost vs tokens verified, acceptance per position, a cost-model prediction, and PNG plots.",
              (add_sweep_args, add_model_args), cmd_sweep)
 
+    from .launch import add_export_args, add_launch_args, cmd_export, cmd_launch
+
+    register(sub, "export", "write a drafter for SGLang or vLLM (their aux-layer-id conventions differ)", None,
+             (add_export_args, add_model_args), cmd_export)
+    register(sub, "launch", "launch SGLang or vLLM with EAGLE-3 flags, a launch profile and a recorded fingerprint",
+             "Build the engine's server command (speculative flags, tensor parallel size), apply the launch "
+             "profile's environment, record the launch in the results store, and run it (--dry-run prints it). "
+             "Measure it with `specdecode bench --endpoint`.", (add_launch_args,), cmd_launch)
     from .report import add_run_report_args, cmd_run_report
 
     register(sub, "report", "one Markdown or HTML page from stored runs: tables, plots, what changed",

@@ -1,0 +1,86 @@
+"""export/launch for SGLang and vLLM: commands, environment, aux-layer-id conventions."""
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from specdecode.launch import engine_command
+
+pytestmark = pytest.mark.model
+
+
+def specdecode(*args, env=None, check=True):
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=os.environ | (env or {}))
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture
+def profile_env(tmp_path):
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "nccl-ll.toml").write_text('name = "nccl-ll"\n[env]\nNCCL_PROTO = "LL"\nNCCL_ALGO = "Ring"\n'
+                                    'NCCL_BUFFSIZE = "16777216"\nNCCL_DEBUG = ""\n')
+    return {"SPECDECODE_PROFILE_DIR": str(d)}
+
+
+def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env):
+    out = specdecode("launch", "sglang", "--tp", "8", "--num-steps", "3", "--topk", "4", "--num-draft-tokens", "8",
+                     "--launch-profile", "nccl-ll", "--port", "31000", "--dry-run",
+                     "--engine-args", "--mem-fraction-static 0.8", env=profile_env)
+    line = out.stdout.strip()
+    assert line.startswith("env NCCL_ALGO=Ring NCCL_BUFFSIZE=16777216 -u NCCL_DEBUG NCCL_PROTO=LL ")
+    argv = shlex.split(line)
+    cmd = argv[argv.index("-m"):]
+    assert cmd[:2] == ["-m", "sglang.launch_server"]
+    flags = dict(zip(cmd[2::2], cmd[3::2]))
+    assert flags["--tp-size"] == "8" and flags["--port"] == "31000" and flags["--host"] == "127.0.0.1"
+    assert flags["--speculative-algorithm"] == "EAGLE3"
+    assert flags["--speculative-num-steps"] == "3" and flags["--speculative-eagle-topk"] == "4"
+    assert flags["--speculative-num-draft-tokens"] == "8" and flags["--mem-fraction-static"] == "0.8"
+    assert flags["--speculative-draft-model-path"].endswith("smollm2-135m-instruct-eagle3")
+    assert "9 attention heads and 3 KV heads" in out.stderr  # SmolLM2 cannot split 8 ways: said up front
+
+
+def test_launch_vllm_dry_run_uses_a_vllm_convention_drafter(profile_env):
+    out = specdecode("launch", "vllm", "--tp", "3", "--num-steps", "2", "--dry-run", env=profile_env)
+    argv = shlex.split(out.stdout.strip())
+    assert argv[:2] == ["vllm", "serve"] and argv[argv.index("--tensor-parallel-size") + 1] == "3"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 2
+    assert spec["model"].endswith("-vllm") and "would export a vLLM copy" in out.stderr
+    bad = specdecode("launch", "vllm", "--topk", "2", "--dry-run", env=profile_env, check=False)
+    assert bad.returncode == 2 and "use --topk 1" in bad.stderr
+    missing = specdecode("launch", "vllm", env=profile_env, check=False)  # not installed on this machine
+    assert missing.returncode == 2 and "not installed" in missing.stderr
+
+
+def test_no_spec_command_has_no_spec_flags():
+    cmd = engine_command("sglang", "/m", None, tp=2, num_steps=3, topk=1, num_draft_tokens=None, host="h", port=1,
+                         extra=[])
+    assert not any("speculative" in c for c in cmd)
+    cmd = engine_command("vllm", "/m", "/d", tp=2, num_steps=3, topk=1, num_draft_tokens=None, host="h", port=1,
+                         extra=["--x"])
+    assert cmd[-1] == "--x" and json.loads(cmd[cmd.index("--speculative-config") + 1])["model"] == "/d"
+
+
+def test_export_keeps_the_taps_across_conventions(tmp_path, smollm):
+    from specdecode.drafter import load_drafter
+    from specdecode.launch import export_drafter
+
+    s = export_drafter(None, None, "sglang", tmp_path / "sglang")
+    v = export_drafter(None, None, "vllm", tmp_path / "vllm")
+    assert [i + 1 for i in s["aux_ids"]] == v["aux_ids"]  # SGLang adds 1; vLLM reads ids as inputs
+    assert s["taps_entering_layers"] == v["taps_entering_layers"] == v["aux_ids"]
+    a = load_drafter(tmp_path / "sglang", smollm.model)
+    b = load_drafter(tmp_path / "vllm", smollm.model)
+    assert a.config.aux_layer_ids == b.config.aux_layer_ids
+    cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
