@@ -337,7 +337,7 @@ def setup_run(args: argparse.Namespace) -> tuple[int, torch.device, torch.dtype,
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .store import ResultsStore, Run, append_jsonl, new_run_id
+    from .store import ResultsStore, Run, new_run_id
 
     console = Console(stderr=True)
     if args.endpoint:
@@ -460,9 +460,13 @@ def bench_remote(args: argparse.Namespace, console) -> int:
 
 
 def save_run(run, store, out: str | None, console) -> None:
-    """Append the run to the store and/or write it to ``out``; say where it went."""
+    """Append the run to the store and/or write it to ``out``; say where it went. Under tensor
+    parallelism only rank 0 writes (every rank measured the same run)."""
     from .store import append_jsonl
+    from .tp import is_main_process
 
+    if not is_main_process():
+        return
     where = []
     if store is not None:
         store.save(run)

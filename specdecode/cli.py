@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import sys
 import time
 
@@ -19,6 +21,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
                         "cores available)")
+    g.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel: run N worker processes on this machine (gloo on CPU, NCCL on CUDA), each "
+                        "holding 1/N of every layer; output identical to --tp 1. Under torchrun, its world size")
     g.add_argument("--launch-profile", default=None, metavar="NAME",
                    help="apply a saved launch profile (environment variables, from `specdecode tune`) before any "
                         "library starts: the command re-executes itself with it; recorded in results")
@@ -131,6 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
              "verify cost vs tokens verified, acceptance per position, a cost-model prediction, and PNG plots.",
              (add_sweep_args, add_model_args), cmd_sweep)
 
+    from .server import add_serve_args, cmd_serve
+    register(sub, "serve", "OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)",
+             "Serve the model over HTTP with OpenAI's /v1/completions and /v1/chat/completions (streaming or "
+             "not), speculative decoding when a drafter is configured, and Prometheus counters on /metrics.",
+             (add_serve_args, add_model_args, add_spec_args), cmd_serve)
+
+    from .compare import add_compare_args, cmd_compare
+    from .store import add_runs_args, cmd_runs
+    from .tune import add_tune_args, cmd_tune
+
+    register(sub, "compare", "compare two stored runs: speed ratio with significance, environment diff ranked",
+             "Per method, the B/A speed ratio with a 95% CI and a p-value (paired by prompt when possible), and "
+             "the fingerprint differences ranked by likely impact; a change beyond noise in a changed environment "
+             "is reported first.", (add_compare_args,), cmd_compare)
+    register(sub, "runs", "list the runs in the results store", None, (add_runs_args,), cmd_runs)
+    from .comm_bench import add_comm_bench_args, cmd_comm_bench
+
+    register(sub, "comm-bench", "all-reduce time, algbw and busbw over message sizes (like nccl-tests)", None,
+             (add_comm_bench_args,), cmd_comm_bench)
     from .launch import add_export_args, add_launch_args, cmd_export, cmd_launch
 
     register(sub, "export", "write a drafter for SGLang or vLLM (their aux-layer-id conventions differ)", None,
@@ -144,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     register(sub, "report", "one Markdown or HTML page from stored runs: tables, plots, what changed",
              None, (add_run_report_args,), cmd_run_report)
     register(sub, "tune", "search a grid of environment variables, each point in a fresh process",
-             "Run `specdecode bench` (arguments after --) once per point of the environment grid, each in a fresh "
+             "Run `specdecode bench` or `comm-bench` (arguments after --) once per point of the environment grid, "
+             "each in a fresh "
              "process (these variables are read at start-up), rounds rotated against drift; report the best point "
              "and save it as a launch profile.", (add_tune_args,), cmd_tune)
 
@@ -220,7 +245,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for c in record["launch_profile"]["contradictions"]:
             err.print(f"WARNING: the live environment contradicts launch profile {args.launch_profile!r}: {c}",
                       style="bold red", markup=False)
-    if args.profile and result.stats:
+    if args.profile and result.stats.get("cycles"):
         from .profiler import format_profile
 
         err.print(format_profile(record), markup=False, highlight=False)
@@ -231,10 +256,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
                   f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
                   f"{args.dtype}, {device}, {threads} threads, model loaded in {load_s:.1f} s)")
-        if result.stats:
+        if "allreduce_share" in result.stats:
+            err.print(f"tensor parallel: all-reduce {result.stats['allreduce_ms_per_token']:.2f} ms/token "
+                      f"({100 * result.stats['allreduce_share']:.1f}% of the time)", markup=False, highlight=False)
+        if result.stats.get("cycles"):
             err.print(f"{method}: accept length {result.stats['accept_length']:.2f}, "
                       f"accept rate {result.stats['accept_rate']:.2f}", markup=False, highlight=False)
     return 0
+
+
+# Commands whose every rank can run the same loop on its shard (SPMD); rank 0 reports.
+TP_COMMANDS = ("generate", "bench", "sweep", "check")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "tp", 1) > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from .tp import WORKER_ENV, init_from_env, spawn
+
+            if args.command not in TP_COMMANDS:
+                raise ValueError(f"--tp works with {', '.join(TP_COMMANDS)}; for a tensor-parallel server use "
+                                 f"`specdecode launch sglang|vllm --tp N` (our server would need every request "
+                                 f"broadcast to the ranks)" if args.command == "serve" else
+                                 f"`specdecode {args.command}` does not run tensor parallel")
+
+            if getattr(args, "tp", 1) > 1 and not os.environ.get(WORKER_ENV) and "WORLD_SIZE" not in os.environ:
+                if getattr(args, "temperature", 0) > 0 and getattr(args, "seed", 0) is None:
+                    argv = [*argv, "--seed", str(random.randrange(2**31))]  # every rank samples alike
+                return spawn(argv, args.tp)
+            init_from_env(getattr(args, "device", "cpu"))
         return args.func(args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:
         print(f"specdecode {args.command}: error: {e}", file=sys.stderr)

@@ -214,6 +214,7 @@ class Engine:
         text = []
         finish = "length"
         profile = SpecProfile()
+        comm0 = self.model.comm.seconds if self.model.comm else 0.0
         for chunk in self.stream(prompt_ids, options, profile):
             if ttft is None and chunk.token_ids:
                 ttft = time.perf_counter() - t0
@@ -227,6 +228,10 @@ class Engine:
         if profile.cycles:
             depth = getattr(self.decoder, "max_depth", profile.max_depth)
             stats = profile.to_dict(depth)
+        if self.model.comm:  # tensor parallel: the share of time spent in all-reduces
+            comm = self.model.comm.seconds - comm0
+            stats["allreduce_ms_per_token"] = 1000 * comm / max(len(ids), 1)
+            stats["allreduce_share"] = comm / max(elapsed, 1e-12)
         return GenerationResult("".join(text), ids, len(prompt_ids), finish, elapsed,
                                 ttft if ttft is not None else elapsed, stats)
 

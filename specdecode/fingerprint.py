@@ -193,8 +193,11 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
         mod = sys.modules.get(lib)
         if mod is not None:
             versions[lib] = getattr(mod, "__version__", None)
+    from .tp import world
+
     fp = {
         "threads": threads,
+        "tensor_parallel": world()[1],
         "interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
         "device": device,
@@ -265,6 +268,7 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
         "dtype": (fp.get("dtype"), 3, "kernels and bytes moved per token"),
         "device": (fp.get("device"), 3, "different hardware"),
         "torch threads": (fp.get("threads"), 3, "intra-op parallelism"),
+        "tensor parallel size": (fp.get("tensor_parallel", 1), 3, "ranks sharing each layer (all-reduce per layer)"),
         "torch interop threads": (fp.get("interop_threads"), 1, "inter-op pool"),
         "CPU model": (cpu.get("model"), 3, "different hardware"),
         "CPU flags": (cpu.get("flags"), 2, "vector/matrix instructions available"),

@@ -389,4 +389,7 @@ def load_model(path: str | Path | None = None, dtype: str | torch.dtype = "float
                device: str = "cpu") -> LoadedModel:
     source, model_dir = resolve_model_dir(path)
     model = load_hf_dir(model_dir, parse_dtype(dtype), device)
+    from .tp import maybe_shard
+
+    maybe_shard(model)  # one rank of a tensor-parallel group keeps its shard
     return LoadedModel(model, load_tokenizer(model_dir), source, model_dir)

@@ -250,6 +250,9 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
         self.inv_freq = rope_inv_freq(config)
+        # KV-cache shapes: the config, or this process's shard under tensor parallelism (tp.py)
+        self.cache_config = config
+        self.comm = None  # tensor parallelism's all-reduce meter (tp.CommMeter), else None
 
     @property
     def device(self) -> torch.device:
@@ -261,7 +264,7 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         max_len = max_len or self.config.max_position_embeddings
-        return KVCache(self.config, batch_size, max_len, self.dtype, self.device)
+        return KVCache(self.cache_config, batch_size, max_len, self.dtype, self.device)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(self.inv_freq, positions, self.dtype)

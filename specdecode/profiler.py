@@ -13,18 +13,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-PHASES = ("draft", "verify", "extend", "other")
-PHASE_LABELS = {"draft": "Draft steps", "verify": "Target verify", "extend": "Draft re-extend",
-                "other": "Other overhead"}
+PHASES = ("draft", "verify", "allreduce", "extend", "other")
+PHASE_LABELS = {"draft": "Draft steps", "verify": "Target verify", "allreduce": "All-reduce (TP)",
+                "extend": "Draft re-extend", "other": "Other overhead"}
 
 
 class PhaseClock:
-    """Marks phase boundaries: ``start()``, then ``mark(phase)`` after each phase."""
+    """Marks phase boundaries: ``start()``, then ``mark(phase)`` after each phase. With a
+    tensor-parallel meter (``comm``), time inside all-reduces is moved out of the phase it
+    happened in (the target's verify pass) into the 'allreduce' phase."""
 
-    def __init__(self, device: torch.device | str, sync: bool = True) -> None:
+    def __init__(self, device: torch.device | str, sync: bool = True, comm=None) -> None:
         self.sync = sync and torch.device(device).type == "cuda"
         self.device = device
-        self.t0 = self.last = 0.0
+        self.comm = comm
+        self.t0 = self.last = self.last_comm = 0.0
         self.times: dict[str, float] = {}
 
     def _now(self) -> float:
@@ -34,11 +37,16 @@ class PhaseClock:
 
     def start(self) -> None:
         self.t0 = self.last = self._now()
+        self.last_comm = self.comm.seconds if self.comm else 0.0
         self.times = {}
 
     def mark(self, phase: str) -> None:
         now = self._now()
-        self.times[phase] = self.times.get(phase, 0.0) + now - self.last
+        comm = 0.0
+        if self.comm:
+            comm, self.last_comm = self.comm.seconds - self.last_comm, self.comm.seconds
+            self.times["allreduce"] = self.times.get("allreduce", 0.0) + comm
+        self.times[phase] = self.times.get(phase, 0.0) + now - self.last - comm
         self.last = now
 
     def finish(self) -> dict[str, float]:
@@ -115,7 +123,9 @@ def format_profile(stats: dict, title: str = "EAGLE3 profile") -> str:
     """The text table of a profile dict (``SpecProfile.to_dict`` plus ``num_tokens``)."""
     lines = [f"{title} ({stats['cycles']} cycles, {stats.get('num_tokens', '?')} tok)"]
     for p in PHASES:
-        ph = stats["phases"][p]
+        ph = stats["phases"].get(p)
+        if ph is None or (p == "allreduce" and not ph["ms_per_cycle"]):
+            continue  # no tensor parallelism: no all-reduce line
         lines.append(f"  {PHASE_LABELS[p] + ':':<18}{ph['ms_per_cycle']:7.2f} ms/cyc ({100 * ph['share']:5.1f}%)")
     lines.append(f"  {'TOTAL:':<18}{stats['cycle_ms']:7.2f} ms/cyc")
     lines.append(f"  Accept len: {stats['accept_length']:.2f}  accept rate: {stats['accept_rate']:.2f}  "

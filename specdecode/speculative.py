@@ -235,7 +235,7 @@ def eagle3_decode(target: Transformer, drafter: Eagle3Drafter, prompt_ids: Seque
     size = check_context(target, n, max_new_tokens, margin=config.num_draft_tokens)
     tcache = target.new_cache(1, size)
     dcache = drafter.new_cache(size + config.num_steps * config.topk)
-    clock = PhaseClock(device, sync)
+    clock = PhaseClock(device, sync, target.comm)
 
     clock.start()
     prompt = torch.tensor(prompt_ids, device=device)

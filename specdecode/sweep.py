@@ -46,6 +46,9 @@ def analyse(records: list[dict], specs: list[str]) -> dict:
         cycles = sum(r["cycles"] for r in rs)
         phases = {p: sum(r["phases"][p]["ms_per_cycle"] * r["cycles"] for r in rs) / cycles
                   for p in ("draft", "verify", "extend", "other")}
+        # the cost model prices a verify pass whole: its all-reduces (tensor parallel) included
+        phases["verify"] += sum(r["phases"].get("allreduce", {}).get("ms_per_cycle", 0) * r["cycles"]
+                                for r in rs) / cycles
         params = dict(kv.split("=") for kv in spec.split(":", 1)[1].split(","))
         steps, topk = int(params["steps"]), int(params["topk"])
         n_verify = int(params.get("draft_tokens", steps + 1))
@@ -208,6 +211,10 @@ def sweep_one(args: argparse.Namespace, out: Path, console) -> dict:
     fingerprint = capture_fingerprint(args, threads, device, loaded, list(drafters))
     records = run_interleaved(methods, prompts, encoded, args.max_new_tokens, args.runs, args.warmup, console)
     result = analyse(records, specs)
+    from .tp import is_main_process
+
+    if not is_main_process():  # tensor parallel: rank 0 writes for all
+        return result
     out.mkdir(parents=True, exist_ok=True)
     result["plots"] = [str(p) for p in plot(result, out)]
     result["threads"], result["dtype"], result["fingerprint"] = threads, args.dtype, fingerprint

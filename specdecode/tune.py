@@ -59,23 +59,31 @@ def point_env(point: dict[str, str | None], base: dict[str, str]) -> dict[str, s
     return env
 
 
-def child_command(bench_args: list[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", "specdecode.cli", "bench", *bench_args, "--out", str(out), "--no-store"]
+COMMANDS = ("bench", "comm-bench")
 
 
-def run_point(point: dict, bench_args: list[str], timeout_s: float) -> dict:
-    """Run bench once in a fresh process with the point's environment; its JSON result."""
+def child_command(command: str, bench_args: list[str], out: Path) -> list[str]:
+    return [sys.executable, "-m", "specdecode.cli", command, *bench_args, "--out", str(out), "--no-store"]
+
+
+def run_point(command: str, point: dict, bench_args: list[str], timeout_s: float) -> dict:
+    """Run the command once in a fresh process with the point's environment; its JSON result."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench.json"
-        proc = subprocess.run(child_command(bench_args, out), env=point_env(point, os.environ), capture_output=True,
-                              text=True, timeout=timeout_s)
+        out = Path(tmp) / "result.json"
+        proc = subprocess.run(child_command(command, bench_args, out), env=point_env(point, os.environ),
+                              capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"bench failed at {point_label(point)} (exit {proc.returncode}): " + " | ".join(tail))
+            raise ValueError(f"{command} failed at {point_label(point)} (exit {proc.returncode}): "
+                             + " | ".join(tail))
         return json.loads(out.read_text())
 
 
 def score(result: dict, method: str | None) -> tuple[str, float]:
+    """(what is scored, value; higher is better): a command's own score (comm-bench: bus
+    bandwidth) or a benchmarked method's median tok/s."""
+    if "score" in result:
+        return result["score"]["name"], result["score"]["value"]
     rows = result["summary"]
     row = rows[0] if method is None else next((r for r in rows if r["method"] == method), None)
     if row is None:
@@ -85,6 +93,9 @@ def score(result: dict, method: str | None) -> tuple[str, float]:
 
 
 def add_tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--command", choices=COMMANDS, default="bench",
+                   help="what each point runs: bench (score: a method's median tok/s) or comm-bench (score: mean "
+                        "all-reduce bus bandwidth)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=V1,V2",
                    help="an environment axis (repeatable); 'unset' as a value means the variable is absent")
     p.add_argument("--rounds", type=int, default=2, help="passes over the grid, order rotated (default 2)")
@@ -95,7 +106,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-store", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="print the commands and environments, run nothing")
     p.add_argument("bench_args", nargs=argparse.REMAINDER,
-                   help="arguments for `specdecode bench` after --, e.g. -- --methods baseline --num-prompts 2")
+                   help="arguments for the command after --, e.g. -- --methods baseline --num-prompts 2")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -108,7 +119,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     if any(a in ("--out", "--launch-profile") or a.startswith(("--out=", "--launch-profile=")) for a in bench_args):
         raise ValueError("tune sets --out itself and tunes the environment: drop --out/--launch-profile "
-                         "from the bench arguments")
+                         "from the command's arguments")
     if not args.env:
         raise ValueError("give at least one --env NAME=V1,V2 axis to search")
     if args.rounds < 1:
@@ -116,7 +127,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     points = grid_points(parse_env_grid(args.env))
     if args.dry_run:
         for p in points:
-            console.print(f"{point_label(p)}: {shlex.join(child_command(bench_args, Path('OUT.json')))}",
+            console.print(f"{point_label(p)}: {shlex.join(child_command(args.command, bench_args, Path('OUT.json')))}",
                           markup=False, highlight=False)
         return 0
 
@@ -129,28 +140,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
         k = rnd % len(points)
         for i in order[k:] + order[:k]:
             console.print(f"round {rnd + 1}/{args.rounds}: {point_label(points[i])} ...", markup=False)
-            result = run_point(points[i], bench_args, args.timeout)
+            result = run_point(args.command, points[i], bench_args, args.timeout)
             method, value = score(result, method)
             scores[i].append(value)
             children.append({"method": point_label(points[i]), "run": rnd, "prompt_id": "grid",
                              "category": "tune", "tok_per_s": value, "point": points[i],
                              "fingerprint": result.get("fingerprint")})
-            console.print(f"  {method}: {value:.1f} tok/s", markup=False)
+            console.print(f"  {method}: {value:.3g}", markup=False)
 
     medians = {i: statistics.median(v) for i, v in scores.items()}
     best = max(medians, key=medians.get)
-    table = Table(title=f"tune: {method} median tok/s, {len(points)} points x {args.rounds} rounds, "
+    table = Table(title=f"tune ({args.command}): {method}, {len(points)} points x {args.rounds} rounds, "
                         f"{time.perf_counter() - t0:.0f} s")
     for col in ("environment", "per round", "median", "vs best"):
         table.add_column(col, justify="left" if col == "environment" else "right")
     for i in sorted(medians, key=medians.get, reverse=True):
-        table.add_row(point_label(points[i]), ", ".join(f"{v:.1f}" for v in scores[i]), f"{medians[i]:.1f}",
+        table.add_row(point_label(points[i]), ", ".join(f"{v:.3g}" for v in scores[i]), f"{medians[i]:.3g}",
                       f"{medians[i] / medians[best]:.2f}x")
     Console(width=170).print(table)
-    console.print(f"best: {point_label(points[best])} ({medians[best]:.1f} tok/s)", markup=False)
+    console.print(f"best: {point_label(points[best])} ({method} {medians[best]:.3g})", markup=False)
 
-    summary = [{"method": point_label(points[i]), "point": points[i], "tok_per_s_median": medians[i],
-                "tok_per_s_rounds": scores[i]} for i in range(len(points))]
+    summary = [{"method": point_label(points[i]), "point": points[i], "score_name": method,
+                "score_median": medians[i], "score_rounds": scores[i]}
+               | ({"tok_per_s_median": medians[i]} if args.command == "bench" else {}) for i in range(len(points))]
     if not args.no_store:
         from .store import ResultsStore, Run, new_run_id
 
@@ -163,8 +175,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.save_profile:
         profile = LaunchProfile(
             args.save_profile, {k: "" if v is None else v for k, v in points[best].items()},
-            f"tuned by specdecode tune: {method} {medians[best]:.1f} tok/s median over {args.rounds} rounds, "
-            f"best of {len(points)} points; bench args: {shlex.join(bench_args)}",
-            extra={"tok_per_s": round(medians[best], 2)})
+            f"tuned by specdecode tune --command {args.command}: {method} {medians[best]:.4g} (median over "
+            f"{args.rounds} rounds), best of {len(points)} points; args: {shlex.join(bench_args)}",
+            extra={"score": round(medians[best], 4)})
         console.print(f"saved launch profile {args.save_profile!r} to {save_profile(profile)}")
     return 0

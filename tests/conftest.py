@@ -58,3 +58,23 @@ def hf_smollm():
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                 dtype=torch.float32).eval()
+
+
+def run_specdecode(*args, env=None, check=True, timeout=300):
+    """The console script in a fresh process; ``env`` entries set (or, with None, remove)
+    variables on top of this process's environment."""
+    import os
+    import subprocess
+    import sys
+
+    full_env = dict(os.environ)
+    for k, v in (env or {}).items():
+        if v is None:
+            full_env.pop(k, None)
+        else:
+            full_env[k] = v
+    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc

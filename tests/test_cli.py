@@ -1,20 +1,15 @@
 """The console script end to end on the real default model."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from conftest import run_specdecode
 
 pytestmark = pytest.mark.model
 
 
-def specdecode(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
-                          timeout=300)
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+specdecode = run_specdecode
 
 
 def test_generate_json():
@@ -81,7 +76,8 @@ def test_generate_with_random_drafter_json_has_spec_fields():
     record = json.loads(out.stdout)
     for key in ("accept_length", "accept_rate", "per_position_accept", "phases"):
         assert key in record
-    assert set(record["phases"]) == {"draft", "verify", "extend", "other"}
+    assert set(record["phases"]) == {"draft", "verify", "allreduce", "extend", "other"}
+    assert record["phases"]["allreduce"]["ms_per_cycle"] == 0  # one process: no collectives
     assert "EAGLE3 profile" in out.stderr and "Target verify" in out.stderr
 
 

@@ -2,29 +2,17 @@
 naming the changed variable, --baseline-from refusal, launch profiles, tune."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from conftest import run_specdecode
 
 pytestmark = pytest.mark.model
 
 SMALL = ("--num-prompts", "2", "--max-new-tokens", "4", "--warmup", "0")
 
 
-def specdecode(*args, env=None, check=True):
-    full_env = dict(os.environ)
-    for k, v in (env or {}).items():
-        if v is None:
-            full_env.pop(k, None)
-        else:
-            full_env[k] = v
-    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=full_env)
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+specdecode = run_specdecode
 
 
 @pytest.fixture

@@ -2,24 +2,17 @@
 
 import json
 import shlex
-import subprocess
-import sys
 
 import pytest
+
+from conftest import run_specdecode
 
 from specdecode.launch import engine_command
 
 pytestmark = pytest.mark.model
 
 
-def specdecode(*args, env=None, check=True):
-    import os
-
-    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=os.environ | (env or {}))
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+specdecode = run_specdecode
 
 
 @pytest.fixture

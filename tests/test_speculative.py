@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from specdecode.drafter import random_drafter
-from specdecode.engine import Engine, GenerateOptions, baseline_decode
+from specdecode.engine import baseline_decode
 from specdecode.sampling import SamplingParams
 from specdecode.selfdraft import SelfDrafter
-from specdecode.speculative import Eagle3Decoder, SpecConfig, ancestor_mask, eagle3_decode
+from specdecode.speculative import SpecConfig, ancestor_mask, eagle3_decode
 
 from conftest import tiny_model
 

@@ -127,8 +127,8 @@ def test_heldout_split_is_stable():
 def test_trainer_acceptance_agrees_with_engine(tmp_path):
     """Held-out acceptance simulated by the trainer equals what the engine measures on the
     same greedy samples (float64, tiny model): any gap would be a wiring or mask bug."""
-    from specdecode.engine import Engine, GenerateOptions, baseline_decode
-    from specdecode.speculative import Eagle3Decoder, SpecConfig
+    from specdecode.engine import baseline_decode
+    from specdecode.speculative import SpecConfig
     from specdecode.train import (TrainConfig, collate, needed_positions, simulated_accept_length, step_result,
                                   target_batch, train, ttt_forward)
 

@@ -1,0 +1,110 @@
+"""Tensor parallelism (gloo, two processes): same logits and greedy output as one process, with
+and without speculation; the all-reduce phase in the profile; comm-bench; tune over it."""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import run_specdecode, tiny_model
+from specdecode.tp import apply_tensor_parallel, split_sizes
+
+PROMPT = [5, 17, 3, 42, 8, 11, 29]
+
+
+def _reference_run(model):
+    from specdecode.drafter import random_drafter
+    from specdecode.engine import baseline_decode
+    from specdecode.sampling import SamplingParams
+    from specdecode.speculative import Eagle3Decoder, SpecConfig
+
+    cache = model.new_cache(1, 64)
+    logits = model(torch.tensor([PROMPT]), torch.arange(len(PROMPT)), cache).logits
+    greedy = [t for step in baseline_decode(model, PROMPT, 20, SamplingParams()) for t in step.tokens]
+    spec = Eagle3Decoder(random_drafter(model, 60, seed=1), SpecConfig(3, 2, 6))
+    spec_tokens = [t for step in spec(model, PROMPT, 20, SamplingParams(), None) for t in step.tokens]
+    return logits, greedy, spec_tokens
+
+
+def _tp_worker(rank, world, port, out):
+    import torch.distributed as dist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97)
+    meter = apply_tensor_parallel(model, rank, world)
+    assert model.layers[0].self_attn.n_kv == split_sizes(3, world)[rank]
+    logits, greedy, spec = _reference_run(model)
+    if rank == 0:
+        torch.save({"logits": logits, "greedy": greedy, "spec": spec, "calls": meter.calls}, out)
+    dist.destroy_process_group()
+
+
+def test_split_sizes():
+    assert split_sizes(3, 2) == [2, 1] and split_sizes(1536, 2) == [768, 768] and split_sizes(5, 3) == [2, 2, 1]
+
+
+def test_two_ranks_match_one_process(tmp_path):
+    """Uneven split (3 KV-head groups over 2 ranks, 97 MLP rows), float64: logits equal to 1e-10,
+    greedy and speculative (tree) outputs identical."""
+    from specdecode.tp import _free_port
+
+    ref_logits, ref_greedy, ref_spec = _reference_run(
+        tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97))
+    out = tmp_path / "rank0.pt"
+    mp.start_processes(_tp_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    got = torch.load(out)
+    assert torch.allclose(got["logits"], ref_logits, atol=1e-10, rtol=0)
+    assert got["greedy"] == ref_greedy and got["spec"] == ref_spec
+    assert got["calls"] > 0
+
+
+def test_too_many_ranks_is_a_clear_error():
+    model = tiny_model(num_heads=4, num_kv_heads=2)
+    with pytest.raises(ValueError, match="2 KV heads"):
+        apply_tensor_parallel(model, 0, 4)
+
+
+specdecode = run_specdecode
+
+
+@pytest.mark.model
+def test_generate_tp2_equals_tp1_with_and_without_speculation():
+    prompt = "Write a haiku about the sea."
+    outputs = {}
+    for tp in ("1", "2"):
+        for spec in ("--no-spec", "--profile"):
+            out = specdecode("generate", prompt, "--json", "--max-new-tokens", "32", "--tp", tp, spec)
+            record = json.loads(out.stdout.strip().splitlines()[-1])
+            outputs[tp, spec] = record["token_ids"]
+            if tp == "2":
+                assert record["allreduce_share"] > 0
+                if spec == "--profile":
+                    assert "All-reduce (TP)" in out.stderr and record["phases"]["allreduce"]["ms_per_cycle"] > 0
+    assert outputs["1", "--no-spec"] == outputs["2", "--no-spec"] == outputs["1", "--profile"] == \
+        outputs["2", "--profile"]
+    bad = specdecode("generate", "hi", "--tp", "4", check=False)
+    assert bad.returncode != 0 and "3 KV heads" in bad.stderr
+
+
+def test_comm_bench_and_tune_over_it(tmp_path):
+    out = tmp_path / "comm.json"
+    proc = specdecode("comm-bench", "--sizes", "2K,64K", "--iters", "3", "--warmup", "1", "--out", str(out),
+                      "--no-store")
+    assert "busbw GB/s" in proc.stdout
+    result = json.loads(out.read_text())
+    rows = result["summary"]
+    assert [r["size_bytes"] for r in rows] == [2048, 65536]
+    for r in rows:  # 2 ranks: busbw = algbw * 2(n-1)/n = algbw
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"]) and r["time_us_median"] > 0
+    assert result["score"]["value"] > 0
+    profiles = tmp_path / "profiles"
+    tuned = specdecode("tune", "--command", "comm-bench", "--env", "OMP_NUM_THREADS=1,2", "--rounds", "1",
+                       "--save-profile", "comm", "--no-store", "--", "--sizes", "2K", "--iters", "3",
+                       env={"SPECDECODE_PROFILE_DIR": str(profiles)})
+    assert "busbw" in tuned.stdout and (profiles / "comm.toml").is_file()
+    bad = specdecode("comm-bench", "--world", "1", check=False)
+    assert bad.returncode == 2 and "--world must be >= 2" in bad.stderr
