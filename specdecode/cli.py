@@ -21,7 +21,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
                         "cores available)")
-    g.add_argument("--tp", type=int, default=1, metavar="N",
+    g.add_argument("--tp", type=int, default=1, metavar="N", dest="tensor_parallel",
                    help="tensor parallel: run N worker processes on this machine (gloo on CPU, NCCL on CUDA), each "
                         "holding 1/N of every layer; output identical to --tp 1. Under torchrun, its world size")
     g.add_argument("--launch-profile", default=None, metavar="NAME",
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if getattr(args, "tp", 1) > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        tp = getattr(args, "tensor_parallel", 1)  # `launch --tp` is the engine's, not ours
+        if tp > 1 or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and hasattr(args, "tensor_parallel")):
             from .tp import WORKER_ENV, init_from_env, spawn
 
             if args.command not in TP_COMMANDS:
@@ -293,10 +294,10 @@ def main(argv: list[str] | None = None) -> int:
                                  f"broadcast to the ranks)" if args.command == "serve" else
                                  f"`specdecode {args.command}` does not run tensor parallel")
 
-            if getattr(args, "tp", 1) > 1 and not os.environ.get(WORKER_ENV) and "WORLD_SIZE" not in os.environ:
+            if tp > 1 and not os.environ.get(WORKER_ENV) and "WORLD_SIZE" not in os.environ:
                 if getattr(args, "temperature", 0) > 0 and getattr(args, "seed", 0) is None:
                     argv = [*argv, "--seed", str(random.randrange(2**31))]  # every rank samples alike
-                return spawn(argv, args.tp)
+                return spawn(argv, tp)
             init_from_env(getattr(args, "device", "cpu"))
         return args.func(args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:

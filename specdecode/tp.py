@@ -143,6 +143,9 @@ def init_from_env(device: str = "cpu") -> bool:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
+    if dist.get_rank() != 0:  # one voice: rank 0 prints and stores results
+        devnull = open(os.devnull, "w")
+        sys.stdout, sys.stderr = devnull, devnull
     return True
 
 
@@ -164,9 +167,6 @@ def _worker(rank: int, size: int, port: int, argv: list[str], threads: int) -> N
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), WORKER_ENV: "1",
                        "SPECDECODE_THREADS": os.environ.get("SPECDECODE_THREADS") or str(threads)})
-    if rank != 0:  # one voice: rank 0 prints and stores results
-        devnull = open(os.devnull, "w")
-        sys.stdout, sys.stderr = devnull, devnull
     from .cli import main
 
     code = main(argv)
