@@ -266,7 +266,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 # Commands whose every rank can run the same loop on its shard (SPMD); rank 0 reports.
-TP_COMMANDS = ("generate", "bench", "sweep", "check")
+TP_COMMANDS = ("generate", "bench", "sweep", "check", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,10 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             from .tp import WORKER_ENV, init_from_env, spawn
 
             if args.command not in TP_COMMANDS:
-                raise ValueError(f"--tp works with {', '.join(TP_COMMANDS)}; for a tensor-parallel server use "
-                                 f"`specdecode launch sglang|vllm --tp N` (our server would need every request "
-                                 f"broadcast to the ranks)" if args.command == "serve" else
-                                 f"`specdecode {args.command}` does not run tensor parallel")
+                raise ValueError(f"`specdecode {args.command}` does not run tensor parallel (--tp works with "
+                                 f"{', '.join(TP_COMMANDS)})")
 
             if tp > 1 and not os.environ.get(WORKER_ENV) and "WORLD_SIZE" not in os.environ:
                 if getattr(args, "temperature", 0) > 0 and getattr(args, "seed", 0) is None:

@@ -722,13 +722,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
-               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0) -> FastAPI:
-    """The FastAPI app around one model and decoder; the worker starts with the app's lifespan."""
+               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None) -> FastAPI:
+    """The FastAPI app around one model and decoder; the worker starts with the app's lifespan.
+    ``engine``: anything with ``Engine.stream``'s signature to use instead (tensor parallel
+    serving passes rank 0's ``tp.MirroredEngine``)."""
     model = loaded.model
     spec_config = getattr(decoder, "config", None)
     metrics = Metrics(max_depth=getattr(decoder, "max_depth", 0))
     state = ServerState(
-        scheduler=Scheduler(Engine(model, loaded.tokenizer, decoder), metrics, max_queued),
+        scheduler=Scheduler(engine or Engine(model, loaded.tokenizer, decoder), metrics, max_queued),
         metrics=metrics,
         # Request parsing runs on the event loop while the worker decodes: separate
         # tokenizer objects keep the two threads from sharing one Rust tokenizer.
@@ -894,8 +896,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or default_model_name(loaded.source)
     if api_key is None and not _is_loopback(args.host):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", args.host)
+    from .tp import MirroredEngine, follow, world
+
+    rank, ranks = world()
+    engine = Engine(loaded.model, loaded.tokenizer, decoder)
+    if rank > 0:  # tensor parallel: only rank 0 listens; the others mirror its jobs
+        follow(engine)
+        return 0
+    mirrored = MirroredEngine(engine) if ranks > 1 else None
     app = create_app(loaded, decoder, name, api_key=api_key, max_body_bytes=args.max_body_bytes,
-                     max_queued=args.max_queued, log_interval_s=args.log_interval)
-    log.info("serving %s as '%s' with %s, %s, %d threads", loaded.source, name, method, args.dtype, threads)
-    make_server(app, args.host, args.port, shutdown_timeout_s=args.shutdown_timeout).run()
+                     max_queued=args.max_queued, log_interval_s=args.log_interval, engine=mirrored)
+    log.info("serving %s as '%s' with %s, %s, %d threads%s", loaded.source, name, method, args.dtype, threads,
+             f", tensor parallel over {ranks} ranks" if ranks > 1 else "")
+    try:
+        make_server(app, args.host, args.port, shutdown_timeout_s=args.shutdown_timeout).run()
+    finally:
+        if mirrored:
+            mirrored.shutdown()
     return 0

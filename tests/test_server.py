@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 import signal
 import threading
 import time
@@ -587,3 +588,46 @@ def test_decode_log_line():
         "decode: accept len 2.71, accept rate 0.57, gen throughput 41.2 tok/s, running 1, queued 3"
     assert decode_log_line(a, _Snapshot(2.0, 20, 0, 0, 0), 0, 0) == \
         "decode: gen throughput 10.0 tok/s, running 0, queued 0"
+
+
+@pytest.mark.model
+def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
+    """`serve --tp 2`: rank 0 answers, rank 1 mirrors; greedy output equals `generate`; a stream
+    dropped early stops both ranks (the next request still completes); SIGTERM ends all."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import run_specdecode
+
+    question = "What is the capital of France?"
+    expected = json.loads(run_specdecode("generate", question, "--json", "--max-new-tokens", "24").stdout)["text"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "specdecode.cli", "serve", "--tp", "2", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        deadline = time.time() + 120
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert time.time() < deadline and proc.poll() is None, (tmp_path / "serve.log").read_text()
+                time.sleep(0.5)
+        model = client.models.list().data[0].id
+        ask = dict(model=model, messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0)
+        assert client.chat.completions.create(**ask).choices[0].message.content == expected
+        stream = client.chat.completions.create(**ask | {"max_tokens": 200, "stream": True})
+        next(iter(stream))
+        stream.close()  # rank 0 stops early: rank 1 must stop at the same step
+        assert client.chat.completions.create(**ask).choices[0].message.content == expected
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
