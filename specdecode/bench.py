@@ -368,8 +368,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     summary = summarize(records, specs)
     categories = sorted({r["category"] for r in records})
     by_category = {c: summarize([r for r in records if r["category"] == c], specs) for c in categories}
+    from .tp import world
+
+    tp = world()[1]
     title = (f"specdecode bench: {len(prompts)} prompts x {args.runs} runs, {args.max_new_tokens} new tokens, "
-             f"{dtype}, {threads} threads, {device}")
+             f"{dtype}, {threads} threads{f' per rank, tensor parallel {tp}' if tp > 1 else ''}, {device}")
     out = Console(width=170) if not sys.stdout.isatty() else Console()
     out.print(summary_table(title, summary))
     if len(categories) > 1:

@@ -37,10 +37,24 @@ class MethodComparison:
     p_value: float
     accept_length_a: float | None = None
     accept_length_b: float | None = None
+    same_output: str | None = None  # "k/n": prompts whose token ids are identical in both runs
 
     @property
     def changed(self) -> bool:
         return self.p_value < ALPHA and abs(math.log(self.ratio)) > math.log1p(MIN_EFFECT)
+
+    @property
+    def testable(self) -> bool:
+        """Whether the test could reach p < ALPHA at all: a paired test on n prompts cannot go
+        below 2/2^n, so 4 prompts can never show a change, however large."""
+        n = min(self.n_a, self.n_b)
+        return (2 / 2 ** n if self.paired else 2 / math.comb(self.n_a + self.n_b, self.n_a)) < ALPHA
+
+    @property
+    def verdict(self) -> str:
+        if self.changed:
+            return "CHANGED"
+        return "within noise" if self.testable else "too few prompts to test"
 
 
 def _per_prompt(records: list[dict], method: str) -> dict[str, float]:
@@ -119,7 +133,17 @@ def compare_method(a: Run, b: Run, method: str) -> MethodComparison | None:
     return MethodComparison(method, len(pa), len(pb), paired,
                             statistics.median(math.exp(v) for v in pa.values()),
                             statistics.median(math.exp(v) for v in pb.values()),
-                            ratio, ci, p, _accept_length(a.summary, method), _accept_length(b.summary, method))
+                            ratio, ci, p, _accept_length(a.summary, method), _accept_length(b.summary, method),
+                            _same_output(a.records, b.records, method))
+
+
+def _same_output(ra: list[dict], rb: list[dict], method: str) -> str | None:
+    """Greedy outputs are a function of the code and weights, not of the environment: a
+    changed output between runs is worth knowing before any speed figure."""
+    ta = {(r.get("prompt_id"), r.get("run")): r.get("token_ids") for r in ra if r.get("method") == method}
+    tb = {(r.get("prompt_id"), r.get("run")): r.get("token_ids") for r in rb if r.get("method") == method}
+    common = [k for k in ta.keys() & tb.keys() if ta[k] and tb[k]]
+    return f"{sum(ta[k] == tb[k] for k in common)}/{len(common)}" if common else None
 
 
 @dataclass
@@ -146,6 +170,11 @@ class Comparison:
             what = ", ".join(f"{m.method} {m.ratio:.2f}x (p={m.p_value:.3g})" for m in self.changed)
             lines.append(f"Results differ beyond noise ({what}); no performance-relevant environment "
                          f"difference recorded: the code path, the prompts or the load did it.")
+        elif any(not m.testable for m in self.methods):
+            what = ", ".join(f"{m.method} {m.ratio:.2f}x" for m in self.methods if not m.testable)
+            lines.append(f"Too few prompts to tell noise from change ({what}; a paired test needs >= 6 prompts)"
+                         + ("; the environments differ: " + "; ".join(str(d) for d in relevant[:5]) if relevant
+                            else ""))
         elif relevant:
             lines.append("No change beyond noise, but the environments differ: " +
                          "; ".join(str(d) for d in relevant[:5]))
@@ -157,7 +186,7 @@ class Comparison:
 
     def to_dict(self) -> dict:
         return {"a": self.a.run_id, "b": self.b.run_id, "headline": self.headline(),
-                "methods": [asdict(m) | {"changed": m.changed} for m in self.methods],
+                "methods": [asdict(m) | {"changed": m.changed, "verdict": m.verdict} for m in self.methods],
                 "environment_differences": [asdict(d) | {"impact": IMPACT_NAMES[d.impact]}
                                             for d in self.differences]}
 
@@ -191,15 +220,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for i, line in enumerate(cmp.headline()):
         out.print(line, style="bold red" if i == 0 and cmp.changed else None, markup=False)
     table = Table(title=f"speed: A = {cmp.a.run_id}  ->  B = {cmp.b.run_id}")
-    for col in ("method", "A tok/s", "B tok/s", "B/A (95% CI)", "p", "test", "accept len A -> B", "verdict"):
+    for col in ("method", "A tok/s", "B tok/s", "B/A (95% CI)", "p", "test", "accept len A -> B", "same output",
+                "verdict"):
         table.add_column(col, justify="left" if col in ("method", "test", "verdict") else "right")
     for m in cmp.methods:
         acc = (f"{m.accept_length_a:.2f} -> {m.accept_length_b:.2f}"
                if m.accept_length_a is not None and m.accept_length_b is not None else "-")
         table.add_row(m.method, f"{m.tok_per_s_a:.1f}", f"{m.tok_per_s_b:.1f}",
                       f"{m.ratio:.3f}x ({m.ci95[0]:.2f}-{m.ci95[1]:.2f})", f"{m.p_value:.3g}",
-                      f"{'paired' if m.paired else 'unpaired'} n={m.n_a}/{m.n_b}", acc,
-                      "CHANGED" if m.changed else "within noise")
+                      f"{'paired' if m.paired else 'unpaired'} n={m.n_a}/{m.n_b}", acc, m.same_output or "-",
+                      m.verdict)
     out.print(table)
     env = Table(title="environment differences, most likely to matter first")
     for col in ("impact", "what", "A", "B", "why it matters"):

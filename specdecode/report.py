@@ -127,7 +127,7 @@ def run_blocks(run: Run, out_dir: Path) -> list:
 def comparison_blocks(a: Run, b: Run) -> list:
     cmp = compare_runs(a, b)
     rows = [[m.method, _f(m.tok_per_s_a), _f(m.tok_per_s_b), f"{m.ratio:.3f}x ({m.ci95[0]:.2f}-{m.ci95[1]:.2f})",
-             f"{m.p_value:.3g}", "CHANGED" if m.changed else "within noise"] for m in cmp.methods]
+             f"{m.p_value:.3g}", m.verdict] for m in cmp.methods]
     env = [[IMPACT_NAMES[d.impact], d.label, show_value(d.before)[:60], show_value(d.after)[:60], d.why]
            for d in cmp.differences]
     return [Heading(f"{a.run_id} -> {b.run_id}", 3), Text("\n".join(cmp.headline())),

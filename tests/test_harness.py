@@ -106,8 +106,27 @@ def test_compare_names_the_changed_variable_first():
     headline = cmp.headline()
     assert headline[0].startswith("RESULTS DIFFER BEYOND NOISE") and "NCCL_PROTO: LL -> (unset)" in headline[1]
 
+    assert m.same_output is None  # no token ids recorded
     same = compare_runs(a, _run("C", {"baseline": [v * (1.01 if i % 2 else 0.99) for i, v in enumerate(fast)]}))
     assert not same.methods[0].changed and same.headline()[0].startswith("No change beyond noise; environments")
+
+
+def test_compare_says_when_too_few_prompts_to_test():
+    a = _run("A", {"baseline": [50, 52, 48, 51]})
+    b = _run("B", {"baseline": [10, 11, 9, 10]}, fp=_fp(threads=1))
+    cmp = compare_runs(a, b)
+    assert not cmp.methods[0].testable and cmp.methods[0].verdict == "too few prompts to test"
+    assert cmp.headline()[0].startswith("Too few prompts") and "torch threads: 2 -> 1" in cmp.headline()[0]
+
+
+def test_compare_counts_identical_outputs():
+    a = _run("A", {"baseline": [50, 51]})
+    b = _run("B", {"baseline": [50, 51]})
+    for r, ids in zip(a.records, ([1, 2, 3], [4, 5])):
+        r["token_ids"] = ids
+    for r, ids in zip(b.records, ([1, 2, 3], [4, 6])):
+        r["token_ids"] = ids
+    assert compare_runs(a, b).methods[0].same_output == "1/2"
 
 
 def test_compare_unpaired_and_tests_can_detect_and_reject():
