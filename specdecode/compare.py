@@ -218,7 +218,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 0
     out = Console(width=160, highlight=False)
     for i, line in enumerate(cmp.headline()):
-        out.print(line, style="bold red" if i == 0 and cmp.changed else None, markup=False)
+        out.print(line, style="bold red" if i == 0 and cmp.changed else None, markup=False, soft_wrap=True)
     table = Table(title=f"speed: A = {cmp.a.run_id}  ->  B = {cmp.b.run_id}")
     for col in ("method", "A tok/s", "B tok/s", "B/A (95% CI)", "p", "test", "accept len A -> B", "same output",
                 "verdict"):
