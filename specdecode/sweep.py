@@ -66,16 +66,19 @@ def analyse(records: list[dict], specs: list[str]) -> dict:
     for c in configs:
         verify_ms.setdefault(c["tokens_verified"], []).append(c["phases_ms"]["verify"])
     verify_ms = {n: statistics.median(v) for n, v in sorted(verify_ms.items())}
-    chains = [c for c in configs if c["topk"] == 1]
-    if chains:
-        deepest = max(chains, key=lambda c: c["num_steps"])
-        per_step = [c["phases_ms"]["draft"] / (c["num_steps"] - 1) for c in chains if c["num_steps"] > 1]
+    # Per branching factor (a chain is topk 1): acceptance by depth from the deepest
+    # configuration of that topk, draft cost per extra step, verify cost by tokens verified.
+    # (For trees this approximates: a shallower tree keeps a different candidate set.)
+    for k in sorted({c["topk"] for c in configs}):
+        group = [c for c in configs if c["topk"] == k]
+        deepest = max(group, key=lambda c: (c["num_steps"], c["tokens_verified"]))
+        per_step = [c["phases_ms"]["draft"] / (c["num_steps"] - 1) for c in group if c["num_steps"] > 1]
         draft_step_ms = statistics.median(per_step) if per_step else 0.0
-        fixed_ms = statistics.median(c["phases_ms"]["extend"] + c["phases_ms"]["other"] for c in chains)
-        for c in chains:
+        fixed_ms = statistics.median(c["phases_ms"]["extend"] + c["phases_ms"]["other"] for c in group)
+        for c in group:
             d = c["num_steps"]
             expected_len = 1 + sum(deepest["per_position_accept"][:d])
-            cycle = draft_step_ms * (d - 1) + verify_ms[d + 1] + fixed_ms
+            cycle = draft_step_ms * (d - 1) + verify_ms[c["tokens_verified"]] + fixed_ms
             c["predicted_accept_length"] = expected_len
             c["predicted_speedup"] = expected_len * base_ms / cycle
     best = max(configs, key=lambda c: c["speedup"]) if configs else None
@@ -240,6 +243,11 @@ def sweep_one(args: argparse.Namespace, out: Path, console) -> dict:
                       f"{ph['draft']:.1f}", f"{ph['verify']:.1f}", f"{ph['extend']:.1f}", f"{ph['other']:.1f}",
                       c["outputs_match_baseline"])
     Console(width=170).print(table)
+    best = next((c for c in result["configs"] if c["method"] == result["best"]), None)
+    if best and "predicted_speedup" in best:
+        gap = best["predicted_speedup"] / best["speedup"] - 1
+        console.print(f"at the optimum the cost model predicted {best['predicted_speedup']:.2f}x against "
+                      f"{best['speedup']:.2f}x measured ({100 * gap:+.1f}%)")
     console.print(f"best: {result['best']}; verify ms by tokens verified: "
                   + ", ".join(f"{n}: {v:.1f}" for n, v in result["verify_ms_by_tokens"].items()))
     console.print(f"wrote {out / 'sweep.json'} and {len(result['plots'])} plots")

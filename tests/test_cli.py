@@ -98,6 +98,8 @@ def test_sweep_reports_configs_cost_model_and_plots(tmp_path):
     assert set(result["verify_ms_by_tokens"]) >= {"2", "3", "4"}
     chain = next(c for c in result["configs"] if c["method"] == "eagle3:steps=2,topk=1")
     assert chain["predicted_speedup"] > 0 and chain["outputs_match_baseline"] == "2/2"
+    tree = next(c for c in result["configs"] if c["method"] == "eagle3:steps=2,topk=2,draft_tokens=5")
+    assert tree["predicted_speedup"] > 0 and tree["predicted_accept_length"] >= 1
     for name in ("tok_s_vs_steps.png", "phase_breakdown.png", "verify_ms_vs_tokens.png",
                  "acceptance_by_position.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
