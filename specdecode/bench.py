@@ -9,19 +9,17 @@ geometric mean with a bootstrap confidence interval.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import random
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from .compare import bootstrap_ci
 from .engine import Engine, GenerateOptions
 from .loading import LoadedModel, load_model, parse_dtype
 from .prompts import encode_prompt, load_prompts
@@ -180,16 +178,12 @@ def capture_fingerprint(args: argparse.Namespace, threads: int, device: torch.de
                    launch_profile=profile)
 
 
-def geomean_ci(ratios: list[float], seed: int = 0, rounds: int = 2000) -> tuple[float, float, float]:
+def geomean_ci(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of speed ratios with its bootstrap 95% CI."""
     logs = [math.log(r) for r in ratios]
     if not logs:
         return float("nan"), float("nan"), float("nan")
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), float("nan"), float("nan")
-    rng = random.Random(seed)
-    boots = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(rounds))
-    return math.exp(mean), math.exp(boots[int(0.025 * rounds)]), math.exp(boots[int(0.975 * rounds) - 1])
+    return (math.exp(statistics.fmean(logs)), *bootstrap_ci(logs))
 
 
 def summarize(records: list[dict], methods: list[str]) -> list[dict]:
@@ -337,7 +331,7 @@ def setup_run(args: argparse.Namespace) -> tuple[int, torch.device, torch.dtype,
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .store import ResultsStore, Run, new_run_id
+    from .store import ResultsStore, Run, new_run_id, save_run
 
     console = Console(stderr=True)
     if args.endpoint:
@@ -400,7 +394,7 @@ def bench_remote(args: argparse.Namespace, console) -> int:
 
     from .fingerprint import capture
     from .remote import RemoteError, measure_endpoint
-    from .store import ResultsStore, Run, new_run_id
+    from .store import ResultsStore, Run, new_run_id, save_run
 
     if args.baseline_from or args.op_profile:
         raise ValueError("--baseline-from and --op-profile measure a local model; drop them with --endpoint")
@@ -460,29 +454,6 @@ def bench_remote(args: argparse.Namespace, console) -> int:
                  {"endpoint": args.endpoint, "max_new_tokens": args.max_new_tokens, "remote": remote}),
              store, args.out, console)
     return 0 if not failed else 1
-
-
-def save_run(run, store, out: str | None, console) -> None:
-    """Append the run to the store and/or write it to ``out``; say where it went. Under tensor
-    parallelism only rank 0 writes (every rank measured the same run)."""
-    from .store import append_jsonl
-    from .tp import is_main_process
-
-    if not is_main_process():
-        return
-    where = []
-    if store is not None:
-        store.save(run)
-        where.append(f"store {store.path}")
-    if out:
-        if out.endswith(".jsonl"):
-            append_jsonl(out, run)
-        else:
-            Path(out).write_text(json.dumps({"run_id": run.run_id, "kind": run.kind, "created": run.created,
-                                             "fingerprint": run.fingerprint, "summary": run.summary,
-                                             **run.meta, "records": run.records}, indent=1))
-        where.append(out)
-    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
 
 
 def _fmt_speedup(row: dict) -> str:

@@ -97,7 +97,7 @@ def run_comm_bench(world: int, sizes: list[int], iters: int = 20, warmup: int = 
     import torch
     import torch.multiprocessing as mp
 
-    from .tp import _free_port
+    from .tp import free_port
 
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
@@ -105,7 +105,7 @@ def run_comm_bench(world: int, sizes: list[int], iters: int = 20, warmup: int = 
         raise ValueError(f"--backend nccl needs {world} GPUs; torch sees {torch.cuda.device_count()}")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        mp.start_processes(_measure, args=(world, _free_port(), sizes, iters, warmup, backend, dtype, str(out)),
+        mp.start_processes(_measure, args=(world, free_port(), sizes, iters, warmup, backend, dtype, str(out)),
                            nprocs=world, join=True, start_method="spawn")
         return backend, json.loads(out.read_text())
 
@@ -127,9 +127,8 @@ def cmd_comm_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .bench import save_run
     from .fingerprint import capture
-    from .store import ResultsStore, Run, new_run_id
+    from .store import ResultsStore, Run, new_run_id, save_run
 
     if args.world < 2:
         raise ValueError(f"--world must be >= 2 (an all-reduce needs two ranks), got {args.world}")

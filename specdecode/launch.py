@@ -133,7 +133,7 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
 def cmd_launch(args: argparse.Namespace) -> int:
     from .cli import DEFAULT_NUM_STEPS
     from .fingerprint import capture, redact_argv
-    from .loading import default_drafter_path, resolve_model_dir
+    from .loading import cache_root, default_drafter_path, resolve_model_dir
     from .profiles import load_profile
     from .store import ResultsStore, Run, new_run_id
 
@@ -153,8 +153,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     notes = []
     if drafter and args.engine == "vllm" and recorded_convention(drafter) != "vllm":
         # vLLM would read SGLang-convention ids one layer early: export a vLLM copy
-        target = Path(os.environ.get("SPECDECODE_CACHE") or Path.home() / ".cache" / "specdecode") / "exports" / (
-            Path(drafter).name + "-vllm")
+        target = cache_root() / "exports" / (Path(drafter).name + "-vllm")
         if args.dry_run:
             notes.append(f"drafter ids are in SGLang's convention: would export a vLLM copy to {target}")
         else:

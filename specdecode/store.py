@@ -197,6 +197,28 @@ def load_run(ref: str, store: ResultsStore | None = None) -> Run:
     return (store or ResultsStore()).load(ref)
 
 
+def save_run(run, store, out: str | None, console) -> None:
+    """Append the run to the store and/or write it to ``out``; say where it went. Under tensor
+    parallelism only rank 0 writes (every rank measured the same run)."""
+    from .tp import is_main_process
+
+    if not is_main_process():
+        return
+    where = []
+    if store is not None:
+        store.save(run)
+        where.append(f"store {store.path}")
+    if out:
+        if out.endswith(".jsonl"):
+            append_jsonl(out, run)
+        else:
+            Path(out).write_text(json.dumps({"run_id": run.run_id, "kind": run.kind, "created": run.created,
+                                             "fingerprint": run.fingerprint, "summary": run.summary,
+                                             **run.meta, "records": run.records}, indent=1))
+        where.append(out)
+    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
+
+
 def add_runs_args(p) -> None:
     p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
                                                  "~/.local/share/specdecode/results.db)")

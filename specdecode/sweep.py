@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from .bench import BaselineMethod, build_method, capture_fingerprint, run_interleaved, setup_run, summarize
-from .store import ResultsStore, Run, new_run_id
+from .store import ResultsStore, Run, new_run_id, save_run
 from .prompts import encode_prompt, load_prompts
 
 
@@ -223,12 +223,10 @@ def sweep_one(args: argparse.Namespace, out: Path, console) -> dict:
     result["threads"], result["dtype"], result["fingerprint"] = threads, args.dtype, fingerprint
     (out / "sweep.json").write_text(json.dumps(result | {"records": records}, indent=1))
     if not args.no_store:
-        store = ResultsStore(args.store)
-        summary = summarize(records, ["baseline"] + specs)
-        run = Run(new_run_id(), "sweep", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, records,
+        run = Run(new_run_id(), "sweep", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint,
+                  summarize(records, ["baseline"] + specs), records,
                   {k: v for k, v in result.items() if k != "fingerprint"})
-        store.save(run)
-        console.print(f"run {run.run_id} saved to store {store.path}")
+        save_run(run, ResultsStore(args.store), None, console)
 
     table = Table(title=f"sweep: {len(prompts)} prompts, {args.dtype}, {threads} threads; baseline "
                         f"{1000 / result['baseline_ms_per_token']:.1f} tok/s")

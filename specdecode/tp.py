@@ -158,7 +158,7 @@ def maybe_shard(model: Transformer) -> Transformer:
     return model
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -184,7 +184,7 @@ def spawn(argv: list[str], size: int) -> int:
     from .runtime import available_cores
 
     threads = max(1, available_cores() // size)  # oversubscribing cores slowed decode 5x here
-    ctx = mp.start_processes(_worker, args=(size, _free_port(), argv, threads), nprocs=size, join=False,
+    ctx = mp.start_processes(_worker, args=(size, free_port(), argv, threads), nprocs=size, join=False,
                              start_method="spawn")
     # SIGTERM goes to rank 0, which ends its work (a server finishes its request) and releases
     # the other ranks; Ctrl-C reaches every worker through the process group anyway.

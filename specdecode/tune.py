@@ -164,14 +164,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 "score_median": medians[i], "score_rounds": scores[i]}
                | ({"tok_per_s_median": medians[i]} if args.command == "bench" else {}) for i in range(len(points))]
     if not args.no_store:
-        from .store import ResultsStore, Run, new_run_id
+        from .store import ResultsStore, Run, new_run_id, save_run
 
         fingerprint = next((c["fingerprint"] for c in children if c["fingerprint"]), {})
         run = Run(new_run_id(), "tune", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, children,
                   {"bench_args": bench_args, "best": point_label(points[best]), "method": method})
-        store = ResultsStore(args.store)
-        store.save(run)
-        console.print(f"run {run.run_id} saved to store {store.path}")
+        save_run(run, ResultsStore(args.store), None, console)
     if args.save_profile:
         profile = LaunchProfile(
             args.save_profile, {k: "" if v is None else v for k, v in points[best].items()},

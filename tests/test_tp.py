@@ -50,12 +50,12 @@ def test_split_sizes():
 def test_two_ranks_match_one_process(tmp_path):
     """Uneven split (3 KV-head groups over 2 ranks, 97 MLP rows), float64: logits equal to 1e-10,
     greedy and speculative (tree) outputs identical."""
-    from specdecode.tp import _free_port
+    from specdecode.tp import free_port
 
     ref_logits, ref_greedy, ref_spec = _reference_run(
         tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97))
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_tp_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_tp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
     got = torch.load(out)
     assert torch.allclose(got["logits"], ref_logits, atol=1e-10, rtol=0)
     assert got["greedy"] == ref_greedy and got["spec"] == ref_spec
