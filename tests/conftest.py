@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specdecode.model import ModelConfig, Transformer
+from specdecode.core.model import ModelConfig, Transformer
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -43,7 +43,7 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> Transformer:
 
 @pytest.fixture(scope="session")
 def smollm():
-    from specdecode.loading import load_model
+    from specdecode.io.loading import load_model
 
     torch.set_num_threads(2)
     return load_model(None, "float32", "cpu")
@@ -53,7 +53,7 @@ def smollm():
 def hf_smollm():
     from transformers import AutoModelForCausalLM
 
-    from specdecode.loading import default_model_path
+    from specdecode.io.paths import default_model_path
 
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
@@ -73,7 +73,7 @@ def run_specdecode(*args, env=None, check=True, timeout=300):
             full_env.pop(k, None)
         else:
             full_env[k] = v
-    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "specdecode", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env)
     if check:
         assert proc.returncode == 0, proc.stderr

@@ -7,9 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdecode.drafter import DrafterMismatchError, load_drafter, random_drafter, save_drafter
-from specdecode.sampling import SamplingParams
-from specdecode.speculative import SpecConfig, eagle3_decode
+from specdecode.io.errors import DrafterMismatchError
+
+from specdecode.io.checkpoints import load_drafter, save_drafter
+
+from specdecode.core.drafter import random_drafter
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.speculative import SpecConfig, eagle3_decode
 
 from conftest import tiny_model
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from specdecode.engine import (ContextLengthError, Engine, GenerateOptions, TextAssembler,
+from specdecode.core.engine import (ContextLengthError, Engine, GenerateOptions, TextAssembler,
                                baseline_decode)
-from specdecode.loading import Tokenizer
-from specdecode.sampling import SamplingParams
+from specdecode.io.tokenizer import Tokenizer
+from specdecode.core.sampling import SamplingParams
 
 from conftest import tiny_model
 
@@ -110,7 +110,7 @@ def test_context_overflow_message_has_numbers():
 
 
 def test_batch_generate_matches_single_greedy():
-    from specdecode.engine import batch_generate
+    from specdecode.core.engine import batch_generate
 
     model = tiny_model(seed=8)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12, 13, 14]]

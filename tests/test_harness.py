@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from specdecode.compare import compare_runs, permutation_p, sign_flip_p
-from specdecode.fingerprint import (REDACTED, capture, diff, file_hash, filtered_env, performance_relevant,
-                                    redact_argv)
-from specdecode.profiles import LaunchProfile, load_profile, save_profile
-from specdecode.store import ResultsStore, Run, append_jsonl, load_run, new_run_id, read_jsonl
-from specdecode.tune import grid_points, parse_env_grid
+from specdecode.bench.compare import compare_runs, permutation_p, sign_flip_p
+from specdecode.bench.fingerprint import REDACTED, capture, diff, filtered_env, performance_relevant, redact_argv
+from specdecode.io.paths import file_hash
+from specdecode.bench.profiles import LaunchProfile, load_profile, save_profile
+from specdecode.bench.store import ResultsStore, Run, append_jsonl, load_run, new_run_id, read_jsonl
+from specdecode.bench.tune import grid_points, parse_env_grid
 
 
 def test_fingerprint_captures_what_speed_depends_on(tmp_path, monkeypatch):
@@ -231,7 +231,7 @@ def test_redacted_values_never_reach_the_store(tmp_path, monkeypatch):
 
 
 def test_report_markdown_and_html(tmp_path):
-    from specdecode.cli import main
+    from specdecode.cli.main import main
 
     store = ResultsStore(tmp_path / "r.db")
     a = _run("20261130-100000-aaaaaa", {"baseline": [50, 52, 48, 51, 49, 53], "eagle3:steps=2": [60] * 6},

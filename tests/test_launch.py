@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_specdecode
 
-from specdecode.launch import engine_command
+from specdecode.integrations.launch import engine_command
 
 pytestmark = pytest.mark.model
 
@@ -65,8 +65,8 @@ def test_no_spec_command_has_no_spec_flags():
 
 
 def test_export_keeps_the_taps_across_conventions(tmp_path, smollm):
-    from specdecode.drafter import load_drafter
-    from specdecode.launch import export_drafter
+    from specdecode.io.checkpoints import load_drafter
+    from specdecode.integrations.launch import export_drafter
 
     s = export_drafter(None, None, "sglang", tmp_path / "sglang")
     v = export_drafter(None, None, "vllm", tmp_path / "vllm")

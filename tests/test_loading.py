@@ -5,7 +5,11 @@ import json
 import pytest
 import torch
 
-from specdecode.loading import ModelLoadError, load_hf_dir, load_model, resolve_model_dir
+from specdecode.io.errors import ModelLoadError
+
+from specdecode.io.hf import load_hf_dir
+
+from specdecode.io.loading import load_model, resolve_model_dir
 
 
 def save_tiny_hf(tmp_path, model_type="llama", **cfg_overrides):

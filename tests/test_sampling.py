@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specdecode.sampling import SamplingParams, logits_to_probs, sample
+from specdecode.core.sampling import SamplingParams, logits_to_probs, sample
 
 
 def test_greedy_is_argmax():

@@ -20,14 +20,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdecode.drafter import random_drafter
-from specdecode.engine import Engine, GenerateOptions, baseline_decode
-from specdecode.loading import LoadedModel
-from specdecode.profiler import SpecProfile
-from specdecode.sampling import SamplingParams
-from specdecode.selfdraft import SelfDrafter
-from specdecode.server import create_app, decode_log_line, default_model_name, make_server, _Snapshot
-from specdecode.speculative import Eagle3Decoder, SpecConfig
+from specdecode.core.drafter import random_drafter
+from specdecode.core.engine import Engine, GenerateOptions, baseline_decode
+from specdecode.io.loading import LoadedModel
+from specdecode.core.profiler import SpecProfile
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.selfdraft import SelfDrafter
+from specdecode.serving.server import create_app, decode_log_line, default_model_name, make_server, _Snapshot
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
 from conftest import tiny_model
 
@@ -42,7 +42,8 @@ STEP_S = 0.04  # per token in the slow server: long generations, far from the ti
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from specdecode.loading import load_tokenizer, resolve_model_dir
+    from specdecode.io.tokenizer import load_tokenizer
+    from specdecode.io.loading import resolve_model_dir
 
     return load_tokenizer(resolve_model_dir(None)[1])
 
@@ -372,7 +373,7 @@ def test_unsupported_method_is_openai_shaped(http):
 # ---------------------------------------------------------------- concurrency and lifecycle
 
 def test_client_disconnect_mid_stream_frees_the_slot(slow_server, caplog):
-    caplog.set_level(logging.INFO, logger="specdecode.server")
+    caplog.set_level(logging.INFO, logger="specdecode.serving.server")
     base = slow_server.url
     before = scrape(httpx.Client(base_url=base))
     budget = CONTEXT - 20
@@ -562,8 +563,8 @@ def test_fuzzed_bodies_never_get_a_5xx(http, case):
 # ---------------------------------------------------------------- CLI and helpers
 
 def test_serve_cli_arguments():
-    from specdecode.cli import build_parser, main
-    from specdecode.server import cmd_serve
+    from specdecode.cli.main import build_parser, main
+    from specdecode.serving.server import cmd_serve
 
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.api_key, args.func) == ("127.0.0.1", 8000, None, cmd_serve)
@@ -606,7 +607,7 @@ def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "specdecode.cli", "serve", "--tp", "2", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", "--tp", "2", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)

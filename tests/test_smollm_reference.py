@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdecode.engine import Engine, GenerateOptions
+from specdecode.core.engine import Engine, GenerateOptions
 
 pytestmark = pytest.mark.model
 
@@ -66,7 +66,7 @@ def test_tokenizer_and_chat_template(smollm):
 
 
 def test_bf16_generates_sensible_text(smollm):
-    from specdecode.loading import load_model
+    from specdecode.io.loading import load_model
 
     loaded = load_model(None, "bfloat16", "cpu")
     assert loaded.model.dtype == torch.bfloat16

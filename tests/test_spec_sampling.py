@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from specdecode.sampling import SamplingParams, logits_to_probs
-from specdecode.selfdraft import SelfDrafter
-from specdecode.speculative import DraftTree, Verification, accept_sampling, ancestor_mask, eagle3_decode
+from specdecode.core.sampling import SamplingParams, logits_to_probs
+from specdecode.core.selfdraft import SelfDrafter
+from specdecode.core.speculative import DraftTree, Verification, accept_sampling, ancestor_mask, eagle3_decode
 
 from conftest import tiny_model
 from test_speculative import perturbed
@@ -76,7 +76,7 @@ def test_end_to_end_spec_sampling_matches_target():
     drafter = SelfDrafter(perturbed(target, 0.1, 0), target, 1)
     prompt = [1, 2, 3]
     params = SamplingParams(temperature=1.0)
-    from specdecode.speculative import SpecConfig
+    from specdecode.core.speculative import SpecConfig
 
     # exact joint by enumeration
     exact = torch.zeros(V, V, V, dtype=torch.float64)

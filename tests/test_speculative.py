@@ -5,11 +5,11 @@ import copy
 import pytest
 import torch
 
-from specdecode.drafter import random_drafter
-from specdecode.engine import baseline_decode
-from specdecode.sampling import SamplingParams
-from specdecode.selfdraft import SelfDrafter
-from specdecode.speculative import SpecConfig, ancestor_mask, eagle3_decode
+from specdecode.core.drafter import random_drafter
+from specdecode.core.engine import baseline_decode
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.selfdraft import SelfDrafter
+from specdecode.core.speculative import SpecConfig, ancestor_mask, eagle3_decode
 
 from conftest import tiny_model
 

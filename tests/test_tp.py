@@ -9,16 +9,16 @@ import torch
 import torch.multiprocessing as mp
 
 from conftest import run_specdecode, tiny_model
-from specdecode.tp import apply_tensor_parallel, split_sizes
+from specdecode.runtime.tp import apply_tensor_parallel, split_sizes
 
 PROMPT = [5, 17, 3, 42, 8, 11, 29]
 
 
 def _reference_run(model):
-    from specdecode.drafter import random_drafter
-    from specdecode.engine import baseline_decode
-    from specdecode.sampling import SamplingParams
-    from specdecode.speculative import Eagle3Decoder, SpecConfig
+    from specdecode.core.drafter import random_drafter
+    from specdecode.core.engine import baseline_decode
+    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
     cache = model.new_cache(1, 64)
     logits = model(torch.tensor([PROMPT]), torch.arange(len(PROMPT)), cache).logits
@@ -50,7 +50,7 @@ def test_split_sizes():
 def test_two_ranks_match_one_process(tmp_path):
     """Uneven split (3 KV-head groups over 2 ranks, 97 MLP rows), float64: logits equal to 1e-10,
     greedy and speculative (tree) outputs identical."""
-    from specdecode.tp import free_port
+    from specdecode.runtime.tp import free_port
 
     ref_logits, ref_greedy, ref_spec = _reference_run(
         tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97))

@@ -11,9 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdecode.data import DataSet, draft_vocab, heldout_split
-from specdecode.drafter import load_drafter
-from specdecode.loading import load_hf_dir
+from specdecode.training.data import DataSet, draft_vocab, heldout_split
+from specdecode.io.checkpoints import load_drafter
+from specdecode.io.hf import load_hf_dir
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.speculative import eagle3_decode
 
 from test_loading import save_tiny_hf
 
@@ -38,7 +40,7 @@ def tiny_setup(tmp_path):
 
 
 def train_cmd(model_dir, data, out, *extra):
-    return [sys.executable, "-m", "specdecode.cli", "train", "--model", str(model_dir), "--data", str(data),
+    return [sys.executable, "-m", "specdecode", "train", "--model", str(model_dir), "--data", str(data),
             "--out", str(out), "--draft-vocab-size", "64", "--ttt-steps", "3", "--batch-tokens", "160",
             "--max-len", "64", "--eval-every", "5", "--eval-samples", "6", "--threads", "1", *extra]
 
@@ -127,9 +129,9 @@ def test_heldout_split_is_stable():
 def test_trainer_acceptance_agrees_with_engine(tmp_path):
     """Held-out acceptance simulated by the trainer equals what the engine measures on the
     same greedy samples (float64, tiny model): any gap would be a wiring or mask bug."""
-    from specdecode.engine import baseline_decode
-    from specdecode.speculative import SpecConfig
-    from specdecode.train import (TrainConfig, collate, needed_positions, simulated_accept_length, step_result,
+    from specdecode.core.engine import baseline_decode
+    from specdecode.core.speculative import SpecConfig
+    from specdecode.training.trainer import (TrainConfig, collate, needed_positions, simulated_accept_length, step_result,
                                   target_batch, train, ttt_forward)
 
     model_dir = tmp_path / "model"
@@ -140,7 +142,7 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
     rows = []
     for n in range(60):
         prompt = torch.randint(0, 101, (3 + n % 4,), generator=gen).tolist()
-        out = [t for s in baseline_decode(target, prompt, 24, __import__("specdecode").sampling.SamplingParams())
+        out = [t for s in baseline_decode(target, prompt, 24, SamplingParams())
                for t in s.tokens]
         rows.append(({"id": f"{n:016x}", "split": "heldout" if n % 6 == 0 else "train", "source": "t",
                       "mode": "greedy", "loss_ranges": [[len(prompt), len(prompt) + len(out)]]}, prompt + out))
@@ -149,7 +151,7 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
                       ttt_steps=3, batch_tokens=256, max_len=64, max_steps=40, lr=3e-3, eval_every=1000,
                       save_every=1000, target_dtype="float64", autocast=False)
     train(cfg)
-    from specdecode.drafter import load_drafter
+    from specdecode.io.checkpoints import load_drafter
 
     drafter = load_drafter(tmp_path / "d", target, dtype=torch.float64)
     t2d = drafter.t2d
@@ -167,9 +169,9 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
         t, c = simulated_accept_length(correct, valid, loss_mask, 3)
         sim_t, sim_c = sim_t + t, sim_c + c
         start, end = r["loss_ranges"][0]
-        steps = list(__import__("specdecode").speculative.eagle3_decode(
+        steps = list(eagle3_decode(
             target, drafter, tokens[0, :start].tolist(), end - start,
-            __import__("specdecode").sampling.SamplingParams(), None, SpecConfig(3, 1)))
+            SamplingParams(), None, SpecConfig(3, 1)))
         assert [t for s in steps for t in s.tokens][:end - start] == tokens[0, start:end].tolist()
         cycles = [s.cycle for s in steps if s.cycle]
         # the engine may run one cycle past the stored response; compare the cycles inside it
@@ -187,7 +189,7 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
 
 
 def test_train_report_table_and_plot(tmp_path):
-    from specdecode.train_report import collect, markdown, plot
+    from specdecode.training.report import collect, markdown, plot
 
     for n, acc in ((100, 1.5), (400, 2.1)):
         d = tmp_path / f"r{n}"

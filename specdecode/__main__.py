@@ -1,0 +1,7 @@
+"""``python -m specdecode``: the command line."""
+
+import sys
+
+from specdecode.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""`specdecode check`: greedy losslessness of speculative decoding on real prompts
+(a front end to ``specdecode.core.lossless.check_lossless``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config, spec_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="greedy losslessness of speculative decoding on real prompts",
+                       description="Compare speculative and baseline greedy output token by token; report the "
+                                   "first divergence and the top-2 logit gap there.")
+    p.add_argument("--prompts", default=None, help="Spec-Bench jsonl or {\"prompt\": ...} jsonl (default: built-in)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--tolerance", type=float, default=1e-3,
+                   help="largest top-2 logit gap at which a divergence counts as a near-tie (fp32: 1e-3)")
+    p.add_argument("--self-draft", action="store_true",
+                   help="draft with the target itself: every proposal must be accepted (checks the machinery)")
+    p.add_argument("--out", default=None, help="write per-prompt results as JSON")
+    add_model_args(p)
+    add_spec_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from specdecode.core.lossless import check_lossless, self_draft_decoder
+    from specdecode.io.prompts import encode_prompt, load_prompts
+    from specdecode.runtime.decoders import build_decoder
+    from specdecode.runtime.session import start
+
+    console = Console(stderr=True)
+    session = start(runtime_config(args))
+    model, tokenizer = session.loaded.model, session.loaded.tokenizer
+    if args.self_draft:
+        method, decoder_for = "self-draft", self_draft_decoder(model, spec_config(args))
+    else:
+        decoder = build_decoder(decoder_spec(args), session)
+        if not decoder.is_speculative:
+            raise ValueError("nothing to check: no drafter (pass --drafter PATH, --drafter random or --self-draft)")
+        method = decoder.description
+        decoder_for = lambda ids: decoder.decode  # noqa: E731
+    prompts = load_prompts(args.prompts, args.num_prompts, args.per_category)
+    encoded = [(p.id, p.category, encode_prompt(p, tokenizer)) for p in prompts]
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("checking", total=len(encoded))
+        report = check_lossless(model, tokenizer, decoder_for, encoded, args.max_new_tokens, args.tolerance,
+                                on_prompt=lambda row: progress.advance(task))
+    rows = report.rows
+    mean = report.mean_accept_length
+    console.print(f"{method}, {args.dtype}: {report.identical}/{len(rows)} prompts identical to the baseline "
+                  f"({sum(r['num_tokens'] for r in rows)} tokens); mean accept length "
+                  f"{mean if mean is not None else 0:.2f}", markup=False, highlight=False)
+    for r in report.diverged:
+        verdict = "BUG" if r["top2_gap"] > args.tolerance else "near-tie"
+        console.print(f"  {r['prompt_id']}: first divergence at token {r['first_divergence']}, top-2 logit gap "
+                      f"{r['top2_gap']:.2e} ({verdict}; baseline {r['baseline_token']}, spec {r['spec_token']})",
+                      markup=False, highlight=False)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"method": method, "dtype": args.dtype, "rows": rows}, indent=1))
+    if report.bugs:
+        console.print(f"FAILED: {len(report.bugs)} divergence(s) with a top-2 gap above {args.tolerance}",
+                      markup=False)
+        return 1
+    return 0

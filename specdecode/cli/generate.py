@@ -1,0 +1,102 @@
+"""`specdecode generate`: answer one prompt (streaming, JSON, progress bar, per-phase profile)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from specdecode.cli.common import (add_model_args, add_sampling_args, add_spec_args, decoder_spec, runtime_config,
+                                   sampling_params)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="answer one prompt",
+                       description="Generate a response to PROMPT (chat template applied unless --raw).")
+    p.add_argument("prompt", help="the user message (or plain text with --raw)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--system", default=None, help="system message for the chat template")
+    p.add_argument("--stream", action="store_true", help="print text as it is generated")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text, token ids and timings")
+    add_model_args(p)
+    add_spec_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specdecode.core.engine import Engine, GenerateOptions, StreamChunk
+    from specdecode.core.profiler import format_profile
+    from specdecode.runtime.decoders import build_decoder
+    from specdecode.runtime.session import start
+
+    err = Console(stderr=True)
+    t0 = time.perf_counter()
+    session = start(runtime_config(args))
+    load_s = time.perf_counter() - t0
+    tok = session.loaded.tokenizer
+    if args.raw:
+        prompt_ids = tok.encode(args.prompt)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}]
+        prompt_ids = tok.encode_chat(messages)
+    options = GenerateOptions(max_new_tokens=args.max_new_tokens, sampling=sampling_params(args),
+                              stop=tuple(args.stop))
+    decoder = build_decoder(decoder_spec(args), session)
+    engine = Engine(session.loaded.model, tok, decoder.decode, comm=session.comm)
+
+    if args.json:
+        result = engine.generate(prompt_ids, options)
+    elif args.stream:
+        result = engine.generate(prompt_ids, options,
+                                 on_chunk=lambda c: (sys.stdout.write(c.text), sys.stdout.flush()) and None)
+        sys.stdout.write("\n")
+    else:
+        columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                   TimeElapsedColumn(), TextColumn("{task.fields[rate]}"))
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task("gen", total=args.max_new_tokens, rate="")
+            started = time.perf_counter()
+            count = 0
+
+            def on_chunk(chunk: StreamChunk) -> None:
+                nonlocal count
+                count += len(chunk.token_ids)
+                rate = count / max(time.perf_counter() - started, 1e-9)
+                progress.update(task, completed=count, rate=f"{rate:.1f} tok/s")
+
+            result = engine.generate(prompt_ids, options, on_chunk=on_chunk)
+        print(result.text)
+
+    record = result.to_dict() | {
+        "method": decoder.description, "model": str(session.loaded.source), "dtype": args.dtype,
+        "device": str(session.device), "threads": session.threads, "load_s": load_s,
+        "spec_config": (vars(decoder.config).copy() if decoder.config else None)}
+    if args.launch_profile:
+        from specdecode.bench.profiles import load_profile
+
+        record["launch_profile"] = load_profile(args.launch_profile).record(session.threads)
+        for c in record["launch_profile"]["contradictions"]:
+            err.print(f"WARNING: the live environment contradicts launch profile {args.launch_profile!r}: {c}",
+                      style="bold red", markup=False)
+    if args.profile and result.stats.get("cycles"):
+        err.print(format_profile(record), markup=False, highlight=False)
+    if args.json:
+        print(json.dumps(record))
+    else:
+        err.print(f"[bold]{result.num_tokens} tokens[/] in {result.elapsed_s:.2f} s: "
+                  f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
+                  f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
+                  f"{args.dtype}, {session.device}, {session.threads} threads, model loaded in {load_s:.1f} s)")
+        if "allreduce_share" in result.stats:
+            err.print(f"tensor parallel: all-reduce {result.stats['allreduce_ms_per_token']:.2f} ms/token "
+                      f"({100 * result.stats['allreduce_share']:.1f}% of the time)", markup=False, highlight=False)
+        if result.stats.get("cycles"):
+            err.print(f"{decoder.description}: accept length {result.stats['accept_length']:.2f}, "
+                      f"accept rate {result.stats['accept_rate']:.2f}", markup=False, highlight=False)
+    return 0

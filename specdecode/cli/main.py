@@ -1,0 +1,72 @@
+"""The `specdecode` command line: the only place with argparse, rich output and exit codes.
+
+Each command lives in its own module with ``add_parser(subparsers)`` (which sets
+``func``); ``main`` applies a launch profile before any library starts, spawns
+tensor-parallel workers when asked, and turns the library's errors into exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import random
+import sys
+
+# one module per command (specdecode/cli/<module>.py), in the order `--help` lists them
+COMMAND_MODULES = ("generate", "data", "train", "train_report", "eval_drafter", "check", "sweep", "serve",
+                   "compare", "runs", "comm_bench", "export", "launch", "report", "tune", "bench")
+
+# Commands whose every rank can run the same loop on its shard (SPMD); rank 0 reports.
+TP_COMMANDS = ("generate", "bench", "sweep", "check", "serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdecode", description="Fast, measured LLM decoding with EAGLE-3 speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"specdecode.cli.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specdecode.bench.profiles import reexec_with_profile
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        # before torch is imported: thread pools and NCCL read their variables at start-up
+        reexec_with_profile(argv)
+    except ValueError as e:
+        print(f"specdecode: error: {e}", file=sys.stderr)
+        return 2
+    from specdecode.io.errors import ModelLoadError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        tp = getattr(args, "tensor_parallel", 1)  # `launch --tp` is the engine's, not ours
+        if tp > 1 or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and hasattr(args, "tensor_parallel")):
+            from specdecode.runtime.tp import WORKER_ENV, init_from_env, spawn
+
+            if args.command not in TP_COMMANDS:
+                raise ValueError(f"`specdecode {args.command}` does not run tensor parallel (--tp works with "
+                                 f"{', '.join(TP_COMMANDS)})")
+
+            if tp > 1 and not os.environ.get(WORKER_ENV) and "WORLD_SIZE" not in os.environ:
+                if getattr(args, "temperature", 0) > 0 and getattr(args, "seed", 0) is None:
+                    argv = [*argv, "--seed", str(random.randrange(2**31))]  # every rank samples alike
+                return spawn(main, argv, tp)
+            init_from_env(getattr(args, "device", "cpu"))
+        code: int = args.func(args)
+        return code
+    except (ModelLoadError, ValueError, FileNotFoundError) as e:
+        print(f"specdecode {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

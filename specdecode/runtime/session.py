@@ -1,0 +1,60 @@
+"""One setup for every command that runs the model: threads, device, dtype, the loaded model
+and, when this process is one rank of a tensor-parallel group, its shard. ``generate``,
+``bench``, ``sweep``, ``check``, ``serve``, ``data build`` and the trainer's evaluation all
+start here, so they cannot set up differently."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.io.loading import LoadedModel, load_model, parse_dtype
+from specdecode.runtime.device import configure_threads, resolve_device
+from specdecode.runtime.tp import CommMeter, apply_tensor_parallel, world
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how the target runs. ``model=None`` is the default SmolLM2-135M-Instruct GGUF."""
+
+    model: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
+
+    @property
+    def is_default_model(self) -> bool:
+        return self.model is None
+
+
+@dataclass
+class Session:
+    config: RuntimeConfig
+    loaded: LoadedModel
+    device: torch.device
+    dtype: torch.dtype
+    threads: int
+    rank: int = 0
+    world_size: int = 1
+    comm: CommMeter | None = None  # this rank's all-reduce meter under tensor parallelism
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 (or the only process): the one that prints and stores results."""
+        return self.rank == 0
+
+
+def start(config: RuntimeConfig) -> Session:
+    """Configure threads and device, load the model, shard it if a process group exists."""
+    threads = configure_threads(config.threads)
+    device = resolve_device(config.device)
+    dtype = parse_dtype(config.dtype)
+    loaded = load_model(config.model, dtype, device)
+    rank, size = world()
+    comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
+    return Session(config, loaded, device, dtype, threads, rank, size, comm)
