@@ -16,8 +16,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from specdecode.core.model import (MLP, Attention, KVCache, Linear, ModelConfig, RMSNorm, build_attention_mask,
-                    rope_cos_sin, rope_inv_freq, Transformer)
+from specdecode.core.model import (
+    MLP,
+    Attention,
+    KVCache,
+    Linear,
+    ModelConfig,
+    RMSNorm,
+    Transformer,
+    build_attention_mask,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+
 
 @dataclass
 class DrafterConfig:
@@ -105,146 +116,6 @@ class Eagle3Drafter(nn.Module):
 
 
 # ---------------------------------------------------------------- checkpoint I/O
-
-def _to_checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
-    c = drafter.config.layer
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    m = drafter.midlayer
-    wq, wk, wv = m.self_attn.qkv_proj.weight.split((q, kv, kv))
-    gate, up = m.mlp.gate_up_proj.weight.chunk(2)
-    return {
-        "fc.weight": drafter.fc.weight,
-        "midlayer.self_attn.q_proj.weight": wq, "midlayer.self_attn.k_proj.weight": wk,
-        "midlayer.self_attn.v_proj.weight": wv, "midlayer.self_attn.o_proj.weight": m.self_attn.o_proj.weight,
-        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
-        "midlayer.mlp.down_proj.weight": m.mlp.down_proj.weight,
-        "midlayer.input_layernorm.weight": m.input_layernorm.weight,
-        "midlayer.hidden_norm.weight": m.hidden_norm.weight,
-        "midlayer.post_attention_layernorm.weight": m.post_attention_layernorm.weight,
-        "norm.weight": drafter.norm.weight, "lm_head.weight": drafter.lm_head.weight,
-        "d2t": drafter.d2t, "t2d": drafter.t2d,
-    }
-
-
-def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | None = None,
-                 convention: Convention = "sglang", extra_config: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {}
-    for k, v in _to_checkpoint_state(drafter).items():
-        v = v.detach()
-        if dtype is not None and v.is_floating_point():
-            v = v.to(dtype)
-        state[k] = v.contiguous().cpu()
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    cfg = drafter.config.to_hf(convention)
-    cfg["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
-    cfg.update(extra_config or {})
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-
-
-def _normalize_key(key: str) -> str:
-    """Accept the vLLM spelling (``layers.0.*``, ``draft_id_to_target_id``, ``model.`` prefix)."""
-    key = key.removeprefix("model.")
-    if key.startswith("layers.0."):
-        key = "midlayer." + key[len("layers.0."):]
-    if key == "draft_id_to_target_id":
-        key = "d2t"
-    return key
-
-
-def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: ModelConfig, source: str) -> None:
-    """Every shape and mapping the wiring depends on; raise with the fix, never load silently."""
-    c = config.layer
-    if config.target_hidden_size != target.hidden_size:
-        raise DrafterMismatchError(
-            f"{source}: drafter expects target hidden size {config.target_hidden_size}, the target has "
-            f"{target.hidden_size}: this drafter was trained for another model")
-    if c.vocab_size != target.vocab_size:
-        raise DrafterMismatchError(
-            f"{source}: drafter vocab_size {c.vocab_size} != target vocab size {target.vocab_size}: "
-            "this drafter was trained for another model/tokenizer")
-    n_aux = len(config.aux_layer_ids)
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    expected = {
-        "fc.weight": (c.hidden_size, n_aux * target.hidden_size),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * c.hidden_size),
-        "midlayer.self_attn.k_proj.weight": (kv, 2 * c.hidden_size),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * c.hidden_size),
-        "midlayer.self_attn.o_proj.weight": (c.hidden_size, q),
-        "midlayer.mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-        "midlayer.mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-        "midlayer.mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
-        "midlayer.input_layernorm.weight": (c.hidden_size,),
-        "midlayer.hidden_norm.weight": (c.hidden_size,),
-        "midlayer.post_attention_layernorm.weight": (c.hidden_size,),
-        "norm.weight": (c.hidden_size,),
-        "lm_head.weight": (config.draft_vocab_size, c.hidden_size),
-        "d2t": (config.draft_vocab_size,),
-        "t2d": (target.vocab_size,),
-    }
-    missing = [k for k in expected if k not in state]
-    if missing:
-        raise DrafterMismatchError(f"{source}: missing tensors {missing} (is this an EAGLE-3 checkpoint?)")
-    for k, shape in expected.items():
-        if tuple(state[k].shape) != shape:
-            hint = ""
-            if k == "fc.weight":
-                hint = (f" (fc fuses {n_aux} target hidden states of size {target.hidden_size}; "
-                        "a different width means a different target model)")
-            raise DrafterMismatchError(f"{source}: {k} has shape {tuple(state[k].shape)}, expected {shape}{hint}")
-    for k, v in state.items():
-        if k not in ("d2t", "t2d") and not v.is_floating_point():
-            raise DrafterMismatchError(f"{source}: {k} has dtype {v.dtype}; weights must be floating point")
-    d2t, t2d = state["d2t"], state["t2d"]
-    if d2t.is_floating_point():
-        raise DrafterMismatchError(f"{source}: d2t has dtype {d2t.dtype}; it must hold integer offsets")
-    target_ids = torch.arange(config.draft_vocab_size) + d2t.long()
-    if target_ids.min() < 0 or target_ids.max() >= target.vocab_size:
-        raise DrafterMismatchError(
-            f"{source}: d2t maps draft ids to target ids in [{int(target_ids.min())}, {int(target_ids.max())}], "
-            f"outside the target vocabulary [0, {target.vocab_size}): d2t must hold offsets (target = i + d2t[i])")
-    if len(set(target_ids.tolist())) != config.draft_vocab_size:
-        raise DrafterMismatchError(f"{source}: d2t maps two draft ids to the same target id")
-    t2d = t2d.bool()
-    if int(t2d.sum()) != config.draft_vocab_size or not bool(t2d[target_ids].all()):
-        raise DrafterMismatchError(
-            f"{source}: t2d marks {int(t2d.sum())} target ids but d2t maps {config.draft_vocab_size}, or they "
-            "disagree: t2d must be True exactly at the target ids d2t produces")
-
-
-def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
-    from specdecode.io.hf import read_config_json, read_safetensors
-
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: drafter directory not found (expected config.json + *.safetensors)")
-    cfg = read_config_json(path, DrafterMismatchError, "an EAGLE-3 drafter")
-    config = DrafterConfig.from_hf(cfg, target.config, str(path / "config.json"), convention)
-    state = {_normalize_key(k): v for k, v in read_safetensors(path, DrafterMismatchError).items()}
-    state.pop("embed_tokens.weight", None)  # some exports include the (target's) embedding
-    validate_state(state, config, target.config, str(path))
-
-    fused = {
-        "fc.weight": state["fc.weight"],
-        "midlayer.self_attn.qkv_proj.weight": torch.cat([state[f"midlayer.self_attn.{n}_proj.weight"] for n in "qkv"]),
-        "midlayer.self_attn.o_proj.weight": state["midlayer.self_attn.o_proj.weight"],
-        "midlayer.mlp.gate_up_proj.weight": torch.cat((state["midlayer.mlp.gate_proj.weight"],
-                                                       state["midlayer.mlp.up_proj.weight"])),
-        "midlayer.mlp.down_proj.weight": state["midlayer.mlp.down_proj.weight"],
-        "midlayer.input_layernorm.weight": state["midlayer.input_layernorm.weight"],
-        "midlayer.hidden_norm.weight": state["midlayer.hidden_norm.weight"],
-        "midlayer.post_attention_layernorm.weight": state["midlayer.post_attention_layernorm.weight"],
-        "norm.weight": state["norm.weight"], "lm_head.weight": state["lm_head.weight"],
-        "d2t": state["d2t"].long(), "t2d": state["t2d"].bool(),
-    }
-    drafter = Eagle3Drafter(config, target.embed_tokens)
-    drafter.load_state_dict(fused, strict=True)
-    return drafter.to(device=device or target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)
-
 
 def random_drafter(target: Transformer, draft_vocab_size: int | None = None, seed: int = 0,
                    init_std: float = 0.02) -> Eagle3Drafter:

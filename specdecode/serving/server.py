@@ -40,11 +40,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from specdecode.core.engine import Engine, GenerateOptions, StreamChunk, TokenDecoder
-from specdecode.io.loading import LoadedModel
-from specdecode.io.errors import ModelLoadError
-from specdecode.io.tokenizer import Tokenizer
 from specdecode.core.profiler import PHASES, SpecProfile
 from specdecode.core.sampling import SamplingParams
+from specdecode.io.errors import ModelLoadError
+from specdecode.io.loading import LoadedModel
+from specdecode.io.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -899,7 +899,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or default_model_name(loaded.source)
     if api_key is None and not _is_loopback(args.host):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", args.host)
-    from specdecode.runtime.tp import MirroredEngine, follow, world
+    from specdecode.runtime.tp import world
+    from specdecode.serving.mirror import MirroredEngine, follow
 
     rank, ranks = world()
     engine = Engine(loaded.model, loaded.tokenizer, decoder, comm=session.comm)

@@ -29,7 +29,7 @@ from specdecode.core.selfdraft import SelfDrafter
 from specdecode.serving.server import create_app, decode_log_line, default_model_name, make_server, _Snapshot
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
-from conftest import tiny_model
+from tests.helpers import tiny_model
 
 NAME = "tiny-test"
 KEY = "test-key"
@@ -599,7 +599,7 @@ def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
     import subprocess
     import sys
 
-    from conftest import run_specdecode
+    from tests.helpers import run_specdecode
 
     question = "What is the capital of France?"
     expected = json.loads(run_specdecode("generate", question, "--json", "--max-new-tokens", "24").stdout)["text"]

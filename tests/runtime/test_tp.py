@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from conftest import run_specdecode, tiny_model
+from tests.helpers import run_specdecode, tiny_model
 from specdecode.runtime.tp import apply_tensor_parallel, split_sizes
 
 PROMPT = [5, 17, 3, 42, 8, 11, 29]

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from specdecode.core.model import Linear, ModelConfig
 
-from conftest import tiny_model
+from tests.helpers import tiny_model
 
 
 def run(model, tokens, cache, positions=None, mask=None, **kw):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_specdecode
+from tests.helpers import run_specdecode
 
 pytestmark = pytest.mark.model
 

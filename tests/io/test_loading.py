@@ -11,27 +11,7 @@ from specdecode.io.hf import load_hf_dir
 
 from specdecode.io.loading import load_model, resolve_model_dir
 
-
-def save_tiny_hf(tmp_path, model_type="llama", **cfg_overrides):
-    import transformers
-
-    common = dict(vocab_size=101, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                  rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=False)
-    common.update(cfg_overrides)
-    if model_type == "qwen2":
-        config = transformers.Qwen2Config(**common)
-        cls = transformers.Qwen2ForCausalLM
-    else:
-        config = transformers.LlamaConfig(**common)
-        cls = transformers.LlamaForCausalLM
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.1)
-    model.save_pretrained(tmp_path, safe_serialization=True)
-    return model
+from tests.helpers import save_tiny_hf
 
 
 @pytest.mark.parametrize("kind,overrides", [

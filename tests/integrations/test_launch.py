@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from conftest import run_specdecode
+from tests.helpers import run_specdecode
 
 from specdecode.integrations.launch import engine_command
 

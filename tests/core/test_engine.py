@@ -8,7 +8,7 @@ from specdecode.core.engine import (ContextLengthError, Engine, GenerateOptions,
 from specdecode.io.tokenizer import Tokenizer
 from specdecode.core.sampling import SamplingParams
 
-from conftest import tiny_model
+from tests.helpers import tiny_model
 
 
 class CharTokenizer:

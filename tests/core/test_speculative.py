@@ -11,7 +11,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import SpecConfig, ancestor_mask, eagle3_decode
 
-from conftest import tiny_model
+from tests.helpers import perturbed, tiny_model
 
 CONFIGS = [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(2, 2, 4), SpecConfig(3, 3, 8),
            SpecConfig(4, 2, 10), SpecConfig(3, 4, 20)]
@@ -19,15 +19,6 @@ CONFIGS = [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(2, 2
 
 def tokens(steps):
     return [t for s in steps for t in s.tokens]
-
-
-def perturbed(model, scale, seed):
-    other = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
-    return other
 
 
 def baseline(model, prompt, n):

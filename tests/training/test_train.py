@@ -17,7 +17,7 @@ from specdecode.io.hf import load_hf_dir
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import eagle3_decode
 
-from test_loading import save_tiny_hf
+from tests.helpers import save_tiny_hf
 
 
 @pytest.fixture

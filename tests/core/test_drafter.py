@@ -15,7 +15,7 @@ from specdecode.core.drafter import random_drafter
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig, eagle3_decode
 
-from conftest import tiny_model
+from tests.helpers import tiny_model
 
 SGLANG_KEYS = {
     "fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
