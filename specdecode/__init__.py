@@ -1,0 +1,85 @@
+"""specdecode: fast LLM decoding with EAGLE-3 speculative decoding, and the measurements to prove it.
+
+The public API, in one import (loaded lazily: ``import specdecode`` does not import torch)::
+
+    from specdecode import DecoderSpec, Engine, GenerateOptions, RuntimeConfig, SamplingParams, SpecConfig
+    from specdecode import build_decoder, start
+
+    session = start(RuntimeConfig(dtype="bfloat16"))            # the default SmolLM2-135M-Instruct
+    decoder = build_decoder(DecoderSpec(), session)              # shipped EAGLE-3 drafter, SpecConfig()
+    engine = Engine(session.loaded.model, session.loaded.tokenizer, decoder.decode)
+    ids = session.loaded.tokenizer.encode_chat("Why is the sky blue?")
+    print(engine.generate(ids, GenerateOptions(max_new_tokens=64)).text)
+
+Layers (ARCHITECTURE.md): ``core`` (torch only) < ``io`` < ``runtime`` < ``bench`` <
+``training`` | ``serving`` | ``integrations`` < ``cli``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> the module that defines it (one source of truth; nothing is re-implemented here)
+_EXPORTS = {
+    "ModelConfig": "specdecode.core.model",
+    "Transformer": "specdecode.core.model",
+    "KVCache": "specdecode.core.model",
+    "SamplingParams": "specdecode.core.sampling",
+    "Engine": "specdecode.core.engine",
+    "GenerateOptions": "specdecode.core.engine",
+    "GenerationResult": "specdecode.core.engine",
+    "StreamChunk": "specdecode.core.engine",
+    "baseline_decode": "specdecode.core.engine",
+    "SpecConfig": "specdecode.core.speculative",
+    "Eagle3Decoder": "specdecode.core.speculative",
+    "Eagle3Drafter": "specdecode.core.drafter",
+    "random_drafter": "specdecode.core.drafter",
+    "check_lossless": "specdecode.core.lossless",
+    "LosslessReport": "specdecode.core.lossless",
+    "format_profile": "specdecode.core.profiler",
+    "load_model": "specdecode.io.loading",
+    "LoadedModel": "specdecode.io.loading",
+    "ModelLoadError": "specdecode.io.errors",
+    "DrafterMismatchError": "specdecode.io.errors",
+    "load_drafter": "specdecode.io.checkpoints",
+    "save_drafter": "specdecode.io.checkpoints",
+    "RuntimeConfig": "specdecode.runtime.session",
+    "Session": "specdecode.runtime.session",
+    "start": "specdecode.runtime.session",
+    "DecoderSpec": "specdecode.runtime.decoders",
+    "Decoder": "specdecode.runtime.decoders",
+    "build_decoder": "specdecode.runtime.decoders",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdecode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # static checkers and IDEs see the real names
+    from specdecode.core.drafter import Eagle3Drafter, random_drafter
+    from specdecode.core.engine import Engine, GenerateOptions, GenerationResult, StreamChunk, baseline_decode
+    from specdecode.core.lossless import LosslessReport, check_lossless
+    from specdecode.core.model import KVCache, ModelConfig, Transformer
+    from specdecode.core.profiler import format_profile
+    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+    from specdecode.io.checkpoints import load_drafter, save_drafter
+    from specdecode.io.errors import DrafterMismatchError, ModelLoadError
+    from specdecode.io.loading import LoadedModel, load_model
+    from specdecode.runtime.decoders import Decoder, DecoderSpec, build_decoder
+    from specdecode.runtime.session import RuntimeConfig, Session, start
