@@ -20,14 +20,12 @@ import time
 
 import httpx
 
+from specdecode.io.prometheus import parse_prometheus
+
 
 def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    """The unlabelled samples of a /metrics page (the counters this test reads), by name."""
+    return {s.name: s.value for s in parse_prometheus(text) if not s.labels}
 
 
 async def one_request(client: httpx.AsyncClient, args: argparse.Namespace, model: str, tag: str) -> dict:

@@ -18,7 +18,7 @@ Layers (ARCHITECTURE.md): ``core`` (torch only) < ``io`` < ``runtime`` < ``bench
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -69,17 +69,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(__all__)
 
-
-if TYPE_CHECKING:  # static checkers and IDEs see the real names
-    from specdecode.core.drafter import Eagle3Drafter, random_drafter
-    from specdecode.core.engine import Engine, GenerateOptions, GenerationResult, StreamChunk, baseline_decode
-    from specdecode.core.lossless import LosslessReport, check_lossless
-    from specdecode.core.model import KVCache, ModelConfig, Transformer
-    from specdecode.core.profiler import format_profile
-    from specdecode.core.sampling import SamplingParams
-    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-    from specdecode.io.checkpoints import load_drafter, save_drafter
-    from specdecode.io.errors import DrafterMismatchError, ModelLoadError
-    from specdecode.io.loading import LoadedModel, load_model
-    from specdecode.runtime.decoders import Decoder, DecoderSpec, build_decoder
-    from specdecode.runtime.session import RuntimeConfig, Session, start

@@ -2,7 +2,6 @@ import pytest
 import torch
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_results(tmp_path_factory):
     """Runs measured by tests (and their subprocesses) go to a throwaway store and profile dir,

@@ -14,8 +14,8 @@ from specdecode.core.model import ModelConfig, Transformer
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=6, num_heads=4,
-                num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=256)
+    base = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_layers": 6, "num_heads": 4,
+                "num_kv_heads": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 256}
     base.update(overrides)
     return ModelConfig(**base)
 
@@ -51,9 +51,9 @@ def run_specdecode(*args, env=None, check=True, timeout=300):
 def save_tiny_hf(tmp_path, model_type="llama", **cfg_overrides):
     import transformers
 
-    common = dict(vocab_size=101, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                  rms_norm_eps=1e-6, rope_theta=5000.0, tie_word_embeddings=False)
+    common = {"vocab_size": 101, "hidden_size": 64, "intermediate_size": 112, "num_hidden_layers": 3,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+                  "rms_norm_eps": 1e-6, "rope_theta": 5000.0, "tie_word_embeddings": False}
     common.update(cfg_overrides)
     if model_type == "qwen2":
         config = transformers.Qwen2Config(**common)

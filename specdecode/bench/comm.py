@@ -11,14 +11,15 @@ Environment variables (NCCL_*, GLOO_*, OMP_*) are read at start-up: search them 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from specdecode.bench.fingerprint import capture
+from specdecode.bench.store import Run, new_run_id, now
 
 SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 
@@ -30,9 +31,9 @@ def parse_size(text: str) -> int:
     try:
         value = int(float(num) * SIZE_UNITS[unit])
     except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"size {text!r}: expected e.g. 4K, 64KB, 1M, 16MB") from None
+        raise ValueError(f"size {text!r}: expected e.g. 4K, 64KB, 1M, 16MB") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
+        raise ValueError(f"size {text!r} must be positive")
     return value
 
 
@@ -94,10 +95,14 @@ def _measure(rank: int, world: int, port: int, sizes: list[int], iters: int, war
 def run_comm_bench(world: int, sizes: list[int], iters: int = 20, warmup: int = 5, backend: str = "auto",
                    dtype: str = "float32") -> tuple[str, list[dict]]:
     """(backend, one row per size) measured by ``world`` fresh processes on this machine."""
+    if world < 2:
+        raise ValueError(f"--world must be >= 2 (an all-reduce needs two ranks), got {world}")
+    if iters < 1 or warmup < 0:
+        raise ValueError("--iters must be >= 1 and --warmup >= 0")
     import torch
     import torch.multiprocessing as mp
 
-    from specdecode.runtime.tp import free_port
+    from specdecode.runtime.distributed import free_port
 
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
@@ -110,44 +115,14 @@ def run_comm_bench(world: int, sizes: list[int], iters: int = 20, warmup: int = 
         return backend, json.loads(out.read_text())
 
 
-def add_comm_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", type=int, default=2, help="processes (ranks) on this machine (default 2)")
-    p.add_argument("--sizes", type=size_list, default=size_list("2K,8K,32K,128K,512K,2M,8M"),
-                   help="message sizes, e.g. 2K,64K,1M (default: a decode step's few KB up to 8MB)")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--out", default=None, help="write the run to FILE (.jsonl appends; else one JSON document)")
-    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB)")
-    p.add_argument("--no-store", action="store_true")
+def score(rows: list[dict]) -> dict:
+    """What ``tune --command comm-bench`` maximises: mean bus bandwidth over the sizes."""
+    return {"name": "busbw GB/s, mean over sizes", "value": statistics.fmean(r["busbw_gbps"] for r in rows)}
 
 
-def cmd_comm_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from specdecode.bench.fingerprint import capture
-    from specdecode.bench.store import ResultsStore, Run, new_run_id, save_run
-
-    if args.world < 2:
-        raise ValueError(f"--world must be >= 2 (an all-reduce needs two ranks), got {args.world}")
-    if args.iters < 1 or args.warmup < 0:
-        raise ValueError("--iters must be >= 1 and --warmup >= 0")
-    backend, rows = run_comm_bench(args.world, args.sizes, args.iters, args.warmup, args.backend, args.dtype)
-    table = Table(title=f"all-reduce, {backend}, {args.world} ranks, {args.dtype} (slowest rank, median of "
-                        f"{args.iters})")
-    for col in ("size", "count", "time us", "p90 us", "algbw GB/s", "busbw GB/s"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(human(r["size_bytes"]), str(r["count"]), f"{r['time_us_median']:.1f}",
-                      f"{r['time_us_p90']:.1f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}")
-    (Console(width=150) if not sys.stdout.isatty() else Console()).print(table)
+def comm_run(world: int, backend: str, dtype: str, rows: list[dict]) -> Run:
+    """The measurement as a stored run (one summary row per size)."""
     summary = [{"method": f"allreduce {human(r['size_bytes'])}"} | r for r in rows]
-    score = statistics.fmean(r["busbw_gbps"] for r in rows)
-    fingerprint = capture(threads=1, dtype=args.dtype, device=f"{backend} x{args.world}") | {"backend": backend}
-    run = Run(new_run_id(), "comm-bench", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, [],
-              {"world": args.world, "backend": backend,
-               "score": {"name": "busbw GB/s, mean over sizes", "value": score}})
-    save_run(run, None if args.no_store else ResultsStore(args.store), args.out, Console(stderr=True))
-    return 0
+    fingerprint = capture(threads=1, dtype=dtype, device=f"{backend} x{world}") | {"backend": backend}
+    return Run(new_run_id(), "comm-bench", now(), fingerprint, summary, [],
+               {"world": world, "backend": backend, "score": score(rows)})

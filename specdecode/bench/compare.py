@@ -9,16 +9,13 @@ beyond noise while the environments differ, that is said first.
 
 from __future__ import annotations
 
-import argparse
-import itertools
-import json
 import math
-import random
 import statistics
 from dataclasses import asdict, dataclass
 
-from specdecode.bench.fingerprint import Difference, IMPACT_NAMES, diff, performance_relevant, show_value
-from specdecode.bench.store import ResultsStore, Run, load_run
+from specdecode.bench.fingerprint import IMPACT_NAMES, Difference, diff, performance_relevant
+from specdecode.bench.stats import bootstrap_ci, permutation_p, sign_flip_p
+from specdecode.bench.store import Run
 
 ALPHA = 0.05
 MIN_EFFECT = 0.03  # ratios within 3% are not called a change even when "significant"
@@ -64,54 +61,6 @@ def _per_prompt(records: list[dict], method: str) -> dict[str, float]:
         if r.get("method") == method and r.get("tok_per_s", 0) > 0:
             logs.setdefault(str(r.get("prompt_id")), []).append(math.log(r["tok_per_s"]))
     return {k: statistics.fmean(v) for k, v in logs.items()}
-
-
-def sign_flip_p(diffs: list[float], rounds: int = 20000, seed: int = 0) -> float:
-    """Two-sided p-value of mean(diffs) != 0 under random sign flips (exact up to 2^16)."""
-    n = len(diffs)
-    if n == 0:
-        return float("nan")
-    observed = abs(sum(diffs)) - 1e-12
-    if n <= 16:
-        flips = itertools.product((1, -1), repeat=n)
-        hits = total = 0
-        for signs in flips:
-            total += 1
-            hits += abs(sum(s * d for s, d in zip(signs, diffs))) >= observed
-        return hits / total
-    rng = random.Random(seed)
-    hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) >= observed for _ in range(rounds))
-    return (hits + 1) / (rounds + 1)
-
-
-def permutation_p(a: list[float], b: list[float], rounds: int = 20000, seed: int = 0) -> float:
-    """Two-sided p-value of mean(b) - mean(a) != 0 under label permutations."""
-    if not a or not b:
-        return float("nan")
-    observed = abs(statistics.fmean(b) - statistics.fmean(a)) - 1e-12
-    pooled, n_a = a + b, len(a)
-    rng = random.Random(seed)
-    hits = 0
-    for _ in range(rounds):
-        rng.shuffle(pooled)
-        hits += abs(statistics.fmean(pooled[n_a:]) - statistics.fmean(pooled[:n_a])) >= observed
-    return (hits + 1) / (rounds + 1)
-
-
-def bootstrap_ci(values: list[float], paired_with: list[float] | None = None, rounds: int = 2000,
-                 seed: int = 0) -> tuple[float, float]:
-    """95% CI of exp(mean(values)) (paired log ratios) or exp(mean(values) - mean(paired_with))."""
-    rng = random.Random(seed)
-    if len(values) < 2 or (paired_with is not None and len(paired_with) < 2):
-        return float("nan"), float("nan")
-    boots = []
-    for _ in range(rounds):
-        m = statistics.fmean(rng.choices(values, k=len(values)))
-        if paired_with is not None:
-            m -= statistics.fmean(rng.choices(paired_with, k=len(paired_with)))
-        boots.append(m)
-    boots.sort()
-    return math.exp(boots[int(0.025 * rounds)]), math.exp(boots[int(0.975 * rounds) - 1])
 
 
 def _accept_length(summary: list[dict], method: str) -> float | None:
@@ -196,49 +145,3 @@ def compare_runs(a: Run, b: Run) -> Comparison:
     methods_b = {s["method"] for s in b.summary}
     results = [compare_method(a, b, m) for m in methods_a if m in methods_b]
     return Comparison(a, b, [r for r in results if r], diff(a.fingerprint, b.fingerprint))
-
-
-def add_compare_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", help="run id (or prefix, or 'latest') in the results store, or a results file "
-                             "(F.jsonl, F.jsonl#RUN_ID, bench JSON)")
-    p.add_argument("b", help="the run to compare against A (same forms)")
-    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
-                                                 "~/.local/share/specdecode/results.db)")
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    store = ResultsStore(args.store)
-    cmp = compare_runs(load_run(args.a, store), load_run(args.b, store))
-    if args.json:
-        print(json.dumps(cmp.to_dict(), indent=1))
-        return 0
-    out = Console(width=160, highlight=False)
-    for i, line in enumerate(cmp.headline()):
-        out.print(line, style="bold red" if i == 0 and cmp.changed else None, markup=False, soft_wrap=True)
-    table = Table(title=f"speed: A = {cmp.a.run_id}  ->  B = {cmp.b.run_id}")
-    for col in ("method", "A tok/s", "B tok/s", "B/A (95% CI)", "p", "test", "accept len A -> B", "same output",
-                "verdict"):
-        table.add_column(col, justify="left" if col in ("method", "test", "verdict") else "right")
-    for m in cmp.methods:
-        acc = (f"{m.accept_length_a:.2f} -> {m.accept_length_b:.2f}"
-               if m.accept_length_a is not None and m.accept_length_b is not None else "-")
-        table.add_row(m.method, f"{m.tok_per_s_a:.1f}", f"{m.tok_per_s_b:.1f}",
-                      f"{m.ratio:.3f}x ({m.ci95[0]:.2f}-{m.ci95[1]:.2f})", f"{m.p_value:.3g}",
-                      f"{'paired' if m.paired else 'unpaired'} n={m.n_a}/{m.n_b}", acc, m.same_output or "-",
-                      m.verdict)
-    out.print(table)
-    env = Table(title="environment differences, most likely to matter first")
-    for col in ("impact", "what", "A", "B", "why it matters"):
-        env.add_column(col)
-    for d in cmp.differences:
-        env.add_row(IMPACT_NAMES[d.impact], d.label, _clip(show_value(d.before)), _clip(show_value(d.after)), d.why)
-    out.print(env if cmp.differences else "environments identical")
-    return 0
-
-
-def _clip(s: str, n: int = 40) -> str:
-    return s if len(s) <= n else s[: n - 3] + "..."

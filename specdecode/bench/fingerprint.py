@@ -8,7 +8,6 @@ fingerprint; ``compare`` and ``bench --baseline-from`` diff them and name the va
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import re
@@ -74,7 +73,7 @@ def _read(path: str) -> str | None:
 
 
 def cpu_info() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = platform.processor() or platform.machine(), set[str]()
     text = _read("/proc/cpuinfo") or ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -159,20 +158,19 @@ def git_commit() -> str | None:
 
 
 def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_paths=(),
-            launch_profile: dict | None = None, argv: list[str] | None = None) -> dict:
-    """Everything a tok/s figure depends on besides the code path chosen by the flags."""
+            launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1) -> dict:
+    """Everything a tok/s figure depends on besides the code path chosen by the flags.
+    ``tensor_parallel``: the ranks sharing the model (``Session.world_size``)."""
     import torch
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
     for lib in ("transformers", "numpy", "gguf", "safetensors"):
         mod = sys.modules.get(lib)
         if mod is not None:
             versions[lib] = getattr(mod, "__version__", None)
-    from specdecode.runtime.tp import world
-
     fp = {
         "threads": threads,
-        "tensor_parallel": world()[1],
+        "tensor_parallel": tensor_parallel,
         "interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
         "device": device,
@@ -232,7 +230,8 @@ HIGH_IMPACT_ENV = re.compile(r"^(NCCL_(PROTO|ALGO|P2P_|MAX_NCHANNELS|MIN_NCHANNE
                              r"SOCKET_|SHM_|NVLS|CUMEM|COLLNET)|OMP_NUM_THREADS|MKL_NUM_THREADS|OPENBLAS_NUM_THREADS|"
                              r"OPENBLAS_CORETYPE|KMP_AFFINITY|KMP_BLOCKTIME|GOMP_CPU_AFFINITY|OMP_PROC_BIND|OMP_PLACES|"
                              r"LD_PRELOAD|CUDA_VISIBLE_DEVICES|SPECDECODE_THREADS|TORCH_NUM_THREADS|GLOO_)")
-INFO_ENV = re.compile(r"^(MASTER_PORT|SPECDECODE_TP_WORKER|SPECDECODE_LAUNCH_PROFILE|SPECDECODE_CACHE|SPECDECODE_RESULTS_DB|SPECDECODE_PROFILE_DIR|"
+INFO_ENV = re.compile(r"^(MASTER_PORT|SPECDECODE_TP_WORKER|SPECDECODE_LAUNCH_PROFILE|SPECDECODE_CACHE|"
+                      r"SPECDECODE_RESULTS_DB|SPECDECODE_PROFILE_DIR|"
                       r"NCCL_DEBUG|TORCH_CPP_LOG_LEVEL|TORCH_SHOW_CPP_STACKTRACES)")
 
 

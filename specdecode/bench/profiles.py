@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class LaunchProfile:
         lines += [f"{k} = {json.dumps(v)}" for k, v in sorted(self.env.items())]
         return "\n".join(lines) + "\n"
 
-    def apply_to(self, environ: dict[str, str]) -> dict[str, str]:
+    def apply_to(self, environ: Mapping[str, str]) -> dict[str, str]:
         out = dict(environ)
         for k, v in self.env.items():
             if v == "":
@@ -63,7 +64,7 @@ class LaunchProfile:
                 out[k] = v
         return out
 
-    def contradictions(self, environ: dict[str, str] | None = None, threads: int | None = None) -> list[str]:
+    def contradictions(self, environ: Mapping[str, str] | None = None, threads: int | None = None) -> list[str]:
         """How the live environment departs from the profile (empty: it does not)."""
         environ = os.environ if environ is None else environ
         out = []

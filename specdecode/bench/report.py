@@ -7,7 +7,6 @@ format; HTML embeds the plots, so the file stands alone.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import time
@@ -16,7 +15,8 @@ from pathlib import Path
 
 from specdecode.bench.compare import compare_runs
 from specdecode.bench.fingerprint import IMPACT_NAMES, show_value
-from specdecode.bench.store import ResultsStore, Run, load_run
+from specdecode.bench.plots import speed_plot, sweep_plots
+from specdecode.bench.store import Run
 
 
 @dataclass
@@ -55,7 +55,8 @@ def environment_table(fp: dict) -> Table:
         ["GPU", ", ".join(gpu.get("devices") or []) or "none"],
         ["versions", ", ".join(f"{k} {v}" for k, v in (fp.get("versions") or {}).items())],
         ["project commit", str(fp.get("git_commit"))],
-        ["model / drafter sha256", f"{(fp.get('model') or {}).get('sha256')} / {(fp.get('drafter') or {}).get('sha256')}"],
+        ["model / drafter sha256",
+         f"{(fp.get('model') or {}).get('sha256')} / {(fp.get('drafter') or {}).get('sha256')}"],
         ["launch profile", f"{prof.get('name')} (contradictions: {len(prof.get('contradictions', []))})"
          if prof else "none"],
         ["environment variables", ", ".join(f"{k}={v}" for k, v in (fp.get("env") or {}).items()) or "none"],
@@ -80,29 +81,6 @@ def summary_rows(summary: list[dict]) -> list[list[str]]:
     return rows
 
 
-def speed_plot(run: Run, out_dir: Path) -> Path | None:
-    rows = [s for s in run.summary if "tok_per_s_median" in s]
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 2), 3.6))
-    med = [s["tok_per_s_median"] for s in rows]
-    lo = [m - s.get("tok_per_s_min", m) for m, s in zip(med, rows)]
-    hi = [s.get("tok_per_s_max", m) - m for m, s in zip(med, rows)]
-    ax.bar(range(len(rows)), med, yerr=[lo, hi], capsize=4, color="tab:blue")
-    ax.set_xticks(range(len(rows)), [s["method"] for s in rows], rotation=30, ha="right", fontsize=7)
-    ax.set(ylabel="tok/s (median, min-max)", title=f"{run.kind} {run.run_id}")
-    fig.tight_layout()
-    path = out_dir / f"{run.run_id}-speed.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 def run_blocks(run: Run, out_dir: Path) -> list:
     blocks: list = [Heading(f"{run.kind} run {run.run_id} ({run.created})"),
                     Text(f"model {run.meta.get('model', (run.fingerprint.get('model') or {}).get('path'))}, "
@@ -114,8 +92,6 @@ def run_blocks(run: Run, out_dir: Path) -> list:
     if plot:
         blocks.append(Image(plot, "median tok/s per method, bars from min to max"))
     if run.kind == "sweep" and run.meta.get("configs"):
-        from specdecode.bench.sweep import plot as sweep_plots
-
         sweep_dir = out_dir / f"{run.run_id}-sweep"
         for p in sweep_plots(run.meta, sweep_dir):
             blocks.append(Image(p, p.stem.replace("_", " ")))
@@ -185,22 +161,13 @@ def to_html(blocks: list) -> str:
            f"</style></head><body>{''.join(body)}</body></html>"
 
 
-def add_run_report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", help="run ids (or prefixes, 'latest') in the store, or results files")
-    p.add_argument("--out", default="report.md", help="report.md (Markdown + PNGs beside it) or report.html "
-                                                      "(one self-contained file)")
-    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB)")
-
-
-def cmd_run_report(args: argparse.Namespace) -> int:
-    store = ResultsStore(args.store)
-    runs = [load_run(ref, store) for ref in args.runs]
-    out = Path(args.out)
+def write_report(runs: list[Run], out: Path) -> int:
+    """Write the page for ``runs`` to ``out`` (``.md``: Markdown with PNGs in OUT-files/ beside it;
+    ``.html``: one self-contained file); returns how many plots it holds."""
     if out.suffix not in (".md", ".html"):
         raise ValueError(f"--out {out}: use a .md or .html file name")
     assets = out.parent / f"{out.stem}-files"
     assets.mkdir(parents=True, exist_ok=True)
     blocks = build(runs, assets)
     out.write_text(to_html(blocks) if out.suffix == ".html" else to_markdown(blocks, out.parent))
-    print(f"wrote {out} ({len(runs)} runs, {sum(isinstance(b, Image) for b in blocks)} plots)")
-    return 0
+    return sum(isinstance(b, Image) for b in blocks)

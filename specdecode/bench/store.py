@@ -77,7 +77,7 @@ class ResultsStore:
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """WAL mode and the schema. Switching to WAL takes an exclusive lock that the busy timeout
         does not cover, so a writer racing another one's first use retries here."""
-        for attempt in range(200):
+        for _attempt in range(200):
             try:
                 if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     conn.execute("PRAGMA journal_mode=WAL")
@@ -197,13 +197,9 @@ def load_run(ref: str, store: ResultsStore | None = None) -> Run:
     return (store or ResultsStore()).load(ref)
 
 
-def save_run(run, store, out: str | None, console) -> None:
-    """Append the run to the store and/or write it to ``out``; say where it went. Under tensor
-    parallelism only rank 0 writes (every rank measured the same run)."""
-    from specdecode.runtime.tp import is_main_process
-
-    if not is_main_process():
-        return
+def save_run(run: Run, store: ResultsStore | None, out: str | None = None) -> list[str]:
+    """Append the run to the store and/or write it to ``out``; returns where it went. The caller
+    decides who writes: under tensor parallelism only rank 0 (``Session.is_main``) should."""
     where = []
     if store is not None:
         store.save(run)
@@ -216,25 +212,9 @@ def save_run(run, store, out: str | None, console) -> None:
                                              "fingerprint": run.fingerprint, "summary": run.summary,
                                              **run.meta, "records": run.records}, indent=1))
         where.append(out)
-    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
+    return where
 
 
-def add_runs_args(p) -> None:
-    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
-                                                 "~/.local/share/specdecode/results.db)")
-    p.add_argument("--limit", type=int, default=20)
-
-
-def cmd_runs(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    store = ResultsStore(args.store)
-    table = Table(title=f"runs in {store.path} (newest first)")
-    for col in ("run id", "kind", "created", "methods: tok/s median"):
-        table.add_column(col)
-    for r in store.list_runs(args.limit):
-        table.add_row(r["run_id"], r["kind"], r["created"], ", ".join(
-            f"{s['method']}: {s['tok_per_s_median']:.1f}" for s in r["summary"] if "tok_per_s_median" in s))
-    Console(width=170).print(table)
-    return 0
+def now() -> str:
+    """A run's ``created`` time stamp."""
+    return time.strftime("%Y-%m-%d %H:%M:%S")

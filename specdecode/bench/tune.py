@@ -9,7 +9,6 @@ The winner can be saved as a launch profile for ``--launch-profile NAME``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -19,14 +18,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+from specdecode.bench.profiles import LaunchProfile
+from specdecode.bench.store import Run, new_run_id, now
 
 UNSET = "unset"  # a grid value meaning: the variable is absent
 
 
 def parse_env_grid(items: list[str]) -> list[tuple[str, list[str | None]]]:
     """``["OMP_NUM_THREADS=1,2", "NCCL_PROTO=LL,unset"]`` -> axes of (name, values); None = unset."""
-    axes = []
+    axes: list[tuple[str, list[str | None]]] = []
     for item in items:
         name, eq, values = item.partition("=")
         name = name.strip()
@@ -42,14 +46,14 @@ def parse_env_grid(items: list[str]) -> list[tuple[str, list[str | None]]]:
 
 def grid_points(axes: list[tuple[str, list[str | None]]]) -> list[dict[str, str | None]]:
     names = [n for n, _ in axes]
-    return [dict(zip(names, combo)) for combo in itertools.product(*(v for _, v in axes))]
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))]
 
 
 def point_label(point: dict[str, str | None]) -> str:
     return " ".join(f"{k}={UNSET if v is None else v}" for k, v in point.items()) or "(inherited environment)"
 
 
-def point_env(point: dict[str, str | None], base: dict[str, str]) -> dict[str, str]:
+def point_env(point: dict[str, str | None], base: Mapping[str, str]) -> dict[str, str]:
     env = dict(base)
     for k, v in point.items():
         if v is None:
@@ -92,89 +96,92 @@ def score(result: dict, method: str | None) -> tuple[str, float]:
     return row["method"], row["tok_per_s_median"]
 
 
-def add_tune_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--command", choices=COMMANDS, default="bench",
-                   help="what each point runs: bench (score: a method's median tok/s) or comm-bench (score: mean "
-                        "all-reduce bus bandwidth)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=V1,V2",
-                   help="an environment axis (repeatable); 'unset' as a value means the variable is absent")
-    p.add_argument("--rounds", type=int, default=2, help="passes over the grid, order rotated (default 2)")
-    p.add_argument("--method", default=None, help="method whose median tok/s is the score (default: the first)")
-    p.add_argument("--save-profile", default=None, metavar="NAME", help="save the best point as launch profile NAME")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per point")
-    p.add_argument("--store", default=None, help="SQLite results store (default: $SPECDECODE_RESULTS_DB)")
-    p.add_argument("--no-store", action="store_true")
-    p.add_argument("--dry-run", action="store_true", help="print the commands and environments, run nothing")
-    p.add_argument("bench_args", nargs=argparse.REMAINDER,
-                   help="arguments for the command after --, e.g. -- --methods baseline --num-prompts 2")
+@dataclass(frozen=True)
+class TuneConfig:
+    env: tuple[str, ...]  # axes, "NAME=V1,V2" ("unset": the variable absent)
+    command: str = "bench"  # what each point runs: one of COMMANDS
+    rounds: int = 2  # passes over the grid, order rotated
+    method: str | None = None  # the benchmarked method whose median tok/s is the score (None: the first)
+    timeout_s: float = 1800  # per point
+    command_args: tuple[str, ...] = ()  # the command's own arguments
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from specdecode.bench.profiles import LaunchProfile, save_profile
-
-    console = Console(stderr=True)
-    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
-    if any(a in ("--out", "--launch-profile") or a.startswith(("--out=", "--launch-profile=")) for a in bench_args):
+def plan(config: TuneConfig) -> list[dict[str, str | None]]:
+    """The grid's points, after checking the configuration."""
+    if any(a in ("--out", "--launch-profile") or a.startswith(("--out=", "--launch-profile="))
+           for a in config.command_args):
         raise ValueError("tune sets --out itself and tunes the environment: drop --out/--launch-profile "
                          "from the command's arguments")
-    if not args.env:
+    if not config.env:
         raise ValueError("give at least one --env NAME=V1,V2 axis to search")
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
-    points = grid_points(parse_env_grid(args.env))
-    if args.dry_run:
-        for p in points:
-            console.print(f"{point_label(p)}: {shlex.join(child_command(args.command, bench_args, Path('OUT.json')))}",
-                          markup=False, highlight=False)
-        return 0
+    if config.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {config.rounds}")
+    return grid_points(parse_env_grid(list(config.env)))
 
+
+@dataclass
+class TuneResult:
+    config: TuneConfig
+    points: list[dict[str, str | None]]
+    scores: dict[int, list[float]]  # point index -> score per round
+    method: str | None  # what was scored
+    children: list[dict]  # one record per point and round
+    elapsed_s: float
+
+    @property
+    def medians(self) -> dict[int, float]:
+        return {i: statistics.median(v) for i, v in self.scores.items()}
+
+    @property
+    def best(self) -> int:
+        medians = self.medians
+        return max(medians, key=lambda i: medians[i])
+
+    def summary(self) -> list[dict]:
+        medians = self.medians
+        return [{"method": point_label(self.points[i]), "point": self.points[i], "score_name": self.method,
+                 "score_median": medians[i], "score_rounds": self.scores[i]}
+                | ({"tok_per_s_median": medians[i]} if self.config.command == "bench" else {})
+                for i in range(len(self.points))]
+
+    def to_run(self) -> Run:
+        fingerprint: dict = next((c["fingerprint"] for c in self.children if c["fingerprint"]), {})
+        return Run(new_run_id(), "tune", now(), fingerprint, self.summary(), self.children,
+                   {"bench_args": list(self.config.command_args), "best": point_label(self.points[self.best]),
+                    "method": self.method})
+
+    def profile(self, name: str) -> LaunchProfile:
+        """The best point as a launch profile."""
+        best, c = self.best, self.config
+        median = self.medians[best]
+        return LaunchProfile(
+            name, {k: "" if v is None else v for k, v in self.points[best].items()},
+            f"tuned by specdecode tune --command {c.command}: {self.method} {median:.4g} (median over "
+            f"{c.rounds} rounds), best of {len(self.points)} points; args: {shlex.join(c.command_args)}",
+            extra={"score": round(median, 4)})
+
+
+def tune(config: TuneConfig, on_point: Callable[[int, dict], None] | None = None,
+         on_score: Callable[[str, float], None] | None = None) -> TuneResult:
+    """Run every point ``config.rounds`` times, the order rotated per round. ``on_point(round,
+    point)`` is called before a point runs, ``on_score(what, value)`` after."""
+    points = plan(config)
     scores: dict[int, list[float]] = {i: [] for i in range(len(points))}
     children: list[dict] = []
-    method = args.method
+    method = config.method
     t0 = time.perf_counter()
-    for rnd in range(args.rounds):
+    for rnd in range(config.rounds):
         order = list(range(len(points)))
         k = rnd % len(points)
         for i in order[k:] + order[:k]:
-            console.print(f"round {rnd + 1}/{args.rounds}: {point_label(points[i])} ...", markup=False)
-            result = run_point(args.command, points[i], bench_args, args.timeout)
+            if on_point:
+                on_point(rnd, points[i])
+            result = run_point(config.command, points[i], list(config.command_args), config.timeout_s)
             method, value = score(result, method)
             scores[i].append(value)
             children.append({"method": point_label(points[i]), "run": rnd, "prompt_id": "grid",
                              "category": "tune", "tok_per_s": value, "point": points[i],
                              "fingerprint": result.get("fingerprint")})
-            console.print(f"  {method}: {value:.3g}", markup=False)
-
-    medians = {i: statistics.median(v) for i, v in scores.items()}
-    best = max(medians, key=medians.get)
-    table = Table(title=f"tune ({args.command}): {method}, {len(points)} points x {args.rounds} rounds, "
-                        f"{time.perf_counter() - t0:.0f} s")
-    for col in ("environment", "per round", "median", "vs best"):
-        table.add_column(col, justify="left" if col == "environment" else "right")
-    for i in sorted(medians, key=medians.get, reverse=True):
-        table.add_row(point_label(points[i]), ", ".join(f"{v:.3g}" for v in scores[i]), f"{medians[i]:.3g}",
-                      f"{medians[i] / medians[best]:.2f}x")
-    Console(width=170).print(table)
-    console.print(f"best: {point_label(points[best])} ({method} {medians[best]:.3g})", markup=False)
-
-    summary = [{"method": point_label(points[i]), "point": points[i], "score_name": method,
-                "score_median": medians[i], "score_rounds": scores[i]}
-               | ({"tok_per_s_median": medians[i]} if args.command == "bench" else {}) for i in range(len(points))]
-    if not args.no_store:
-        from specdecode.bench.store import ResultsStore, Run, new_run_id, save_run
-
-        fingerprint = next((c["fingerprint"] for c in children if c["fingerprint"]), {})
-        run = Run(new_run_id(), "tune", time.strftime("%Y-%m-%d %H:%M:%S"), fingerprint, summary, children,
-                  {"bench_args": bench_args, "best": point_label(points[best]), "method": method})
-        save_run(run, ResultsStore(args.store), None, console)
-    if args.save_profile:
-        profile = LaunchProfile(
-            args.save_profile, {k: "" if v is None else v for k, v in points[best].items()},
-            f"tuned by specdecode tune --command {args.command}: {method} {medians[best]:.4g} (median over "
-            f"{args.rounds} rounds), best of {len(points)} points; args: {shlex.join(bench_args)}",
-            extra={"score": round(medians[best], 4)})
-        console.print(f"saved launch profile {args.save_profile!r} to {save_profile(profile)}")
-    return 0
+            if on_score:
+                on_score(method, value)
+    return TuneResult(config, points, scores, method, children, time.perf_counter() - t0)

@@ -1,17 +1,221 @@
-"""`specdecode bench`."""
+"""`specdecode bench`: decoding methods compared on the same prompts, interleaved (a local
+model), or an OpenAI-compatible server measured over streaming (``--endpoint``); rich
+tables, a progress bar, the results store."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import sys
+from typing import Any
 
-from specdecode.cli.common import add_model_args
+from specdecode.bench.harness import BenchConfig
+from specdecode.cli.common import add_model_args, add_store_args
+
+_D = BenchConfig()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.bench.harness import add_bench_args, cmd_bench
-
-    p = sub.add_parser('bench', help='benchmark decoding methods, interleaved, with a table and JSON',
-                       description='Compare decoding methods on the same prompts, model, dtype and threads, run by run interleaved so drift hits all alike.')
-    add_bench_args(p)
+    p = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",
+                       description="Compare decoding methods on the same prompts, model, dtype and threads, run by "
+                                   "run interleaved so drift hits all alike.")
+    p.add_argument("--methods", default=_D.methods,
+                   help="comma-separated methods; the first is the reference for speedups. Available: baseline, "
+                        "hf (transformers generate), eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH], e.g. "
+                        "'baseline,eagle3:steps=2,topk=1,eagle3:steps=5,topk=4,draft_tokens=16'")
+    p.add_argument("--drafter", default=None, help="drafter for eagle3 methods (default: the shipped one)")
+    p.add_argument("--prompts", default=None,
+                   help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
+    p.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens)
+    p.add_argument("--warmup", type=int, default=_D.warmup, help="untimed runs per method before measuring")
+    p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")
+    p.add_argument("--out", default=None,
+                   help="also write the run to FILE: .jsonl appends a run line and one line per record; "
+                        "other names get one JSON document")
+    add_store_args(p, "the run")
+    p.add_argument("--baseline-from", default=None, metavar="RUN",
+                   help="take the baseline from a stored run (id, prefix, 'latest' or results file) instead of "
+                        "measuring it; refused when that run's environment differs in a performance-relevant way")
+    p.add_argument("--allow-env-mismatch", action="store_true",
+                   help="with --baseline-from: compare anyway, with a loud warning and the differences recorded")
+    p.add_argument("--op-profile", action="store_true",
+                   help="also profile aten ops over one baseline generation and print the top ops")
+    r = p.add_argument_group("remote mode (any OpenAI-compatible server: ours, SGLang, vLLM, llama.cpp)")
+    r.add_argument("--endpoint", default=None, metavar="URL",
+                   help="measure the server at URL over streaming instead of a local model: TTFT, TPOT, ITL, "
+                        "output tok/s, failures, and the server's own speculative metrics")
+    r.add_argument("--endpoint-model", default=None, help="model name to request (default: the first of /v1/models)")
+    r.add_argument("--api", choices=("chat", "completions"), default="chat")
+    r.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    r.add_argument("--api-key", default=None, help="bearer token (default: $SPECDECODE_API_KEY or $OPENAI_API_KEY)")
+    r.add_argument("--temperature", type=float, default=0.0)
     add_model_args(p)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=run)
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(prompts=args.prompts, num_prompts=args.num_prompts, per_category=args.per_category,
+                       max_new_tokens=args.max_new_tokens, runs=args.runs, warmup=args.warmup, drafter=args.drafter,
+                       launch_profile=args.launch_profile, methods=args.methods, op_profile=args.op_profile)
+
+
+def _stdout_console() -> Any:
+    from rich.console import Console
+
+    return Console(width=170) if not sys.stdout.isatty() else Console()
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from specdecode.bench.harness import measure, prepare_bench, profile_contradictions, stored_baseline
+    from specdecode.bench.store import ResultsStore, Run, new_run_id, now
+    from specdecode.cli.common import runtime_config
+    from specdecode.cli.runs import save_and_report
+    from specdecode.runtime.session import start
+
+    console = Console(stderr=True)
+    if args.endpoint:
+        return run_remote(args, console)
+    session = start(runtime_config(args))
+    bench = prepare_bench(bench_config(args), session)
+    for w in profile_contradictions(bench.fingerprint):
+        print(w, file=sys.stderr)
+    store = None if args.no_store else ResultsStore(args.store)
+
+    reference = None
+    warnings: list[str] = []
+    if args.baseline_from:
+        name, records, warnings = stored_baseline(args.baseline_from, store or ResultsStore(args.store),
+                                                  bench.fingerprint, args.allow_env_mismatch,
+                                                  {p.id for p in bench.prompts})
+        reference = (name, records)
+        bench.fingerprint["baseline_from"] = {"run": name.split("@", 1)[1], "warnings": warnings}
+    for w in warnings:
+        console.print(w, style="bold red", markup=False, highlight=False)
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=bench.progress_total)
+        result = measure(bench, reference, on_progress=lambda: progress.advance(task))
+    tp = session.world_size
+    title = (f"specdecode bench: {len(bench.prompts)} prompts x {args.runs} runs, {args.max_new_tokens} new tokens, "
+             f"{session.dtype}, {session.threads} threads{f' per rank, tensor parallel {tp}' if tp > 1 else ''}, "
+             f"{session.device}")
+    out = _stdout_console()
+    out.print(summary_table(title, result.summary))
+    if len(result.by_category) > 1:
+        out.print(category_table(result.by_category))
+    if "op_profile" in result.meta:
+        out.print(op_table(result.meta["op_profile"]))
+    if session.is_main:  # tensor parallel: every rank measured the same run; rank 0 writes it
+        save_and_report(Run(new_run_id(), "bench", now(), bench.fingerprint, result.summary, result.records,
+                            result.meta), store, args.out, console)
+    for w in warnings:  # again at the end, where the eye lands
+        console.print(w, style="bold red", markup=False, highlight=False)
+    return 0
+
+
+def run_remote(args: argparse.Namespace, console: Any) -> int:
+    """``bench --endpoint``: the same prompts, runs, table and store, over HTTP streaming."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from specdecode.bench.remote.benchmark import EndpointConfig, bench_endpoint
+    from specdecode.bench.store import ResultsStore
+    from specdecode.cli.runs import save_and_report
+    from specdecode.runtime.distributed import is_main_process
+
+    if args.baseline_from or args.op_profile:
+        raise ValueError("--baseline-from and --op-profile measure a local model; drop them with --endpoint")
+    config = bench_config(args)
+    prompts = config.load_prompts()
+    api_key = args.api_key or os.environ.get("SPECDECODE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    endpoint = EndpointConfig(args.endpoint, args.endpoint_model, args.api, args.concurrency, api_key,
+                              args.temperature)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("requests", total=len(prompts) * args.runs)
+        result = bench_endpoint(endpoint, config, prompts, on_done=lambda _: progress.advance(task))
+    out = _stdout_console()
+    out.print(summary_table(f"specdecode bench --endpoint {args.endpoint}: {len(prompts)} prompts x {args.runs} "
+                            f"runs, {args.max_new_tokens} new tokens, concurrency {args.concurrency}",
+                            result.summary))
+    table = Table(title="remote: per run (client-side timing; server's speculative counters as deltas)")
+    for col in ("run", "ok/requests", "output tok/s", "TTFT ms med/p90/p99", "TPOT ms", "ITL ms med/p90/p99",
+                "server accept len", "accept rate", "per position"):
+        table.add_column(col, justify="right")
+    for s in result.remote:
+        spec = s["server_spec"] or {}
+        f = lambda *keys, s=s: "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in keys)  # noqa: E731
+        table.add_row(str(s["run"]), f"{s['ok']}/{s['requests']}",
+                      "-" if s["output_tok_per_s"] is None else f"{s['output_tok_per_s']:.1f}",
+                      f("ttft_ms_median", "ttft_ms_p90", "ttft_ms_p99"),
+                      "-" if s["tpot_ms_median"] is None else f"{s['tpot_ms_median']:.1f}",
+                      f("itl_ms_median", "itl_ms_p90", "itl_ms_p99"),
+                      "-" if spec.get("accept_length") is None else f"{spec['accept_length']:.2f}",
+                      "-" if spec.get("accept_rate") is None else f"{spec['accept_rate']:.2f}",
+                      " ".join(f"{x:.2f}" for x in spec.get("per_position") or []) or
+                      (s["server_spec_reason"] or "-")[:40])
+    out.print(table)
+    if result.failed:
+        console.print(f"{result.failed} failed request(s): " + "; ".join(f"{v}x {k}" for k, v in result.errors.items()),
+                      style="bold red", markup=False)
+    if is_main_process():
+        save_and_report(result.to_run(), None if args.no_store else ResultsStore(args.store), args.out, console)
+    return 0 if not result.failed else 1
+
+
+def _fmt_speedup(row: dict) -> str:
+    lo, hi = row["speedup_ci95"]
+    return f"{row['speedup']:.2f}x" + ("" if math.isnan(lo) else f" ({lo:.2f}-{hi:.2f})")
+
+
+SUMMARY_COLUMNS = ("tok/s median", "min", "max", "ms/token", "TTFT ms", "speedup (95% CI)", "accept len",
+                   "accept rate", "same output")
+
+
+def _summary_cells(row: dict) -> list[str]:
+    return [f"{row['tok_per_s_median']:.1f}", f"{row['tok_per_s_min']:.1f}", f"{row['tok_per_s_max']:.1f}",
+            f"{row['ms_per_token_median']:.1f}", f"{row['ttft_ms_median']:.0f}", _fmt_speedup(row),
+            f"{row['accept_length']:.2f}" if "accept_length" in row else "-",
+            f"{row['accept_rate']:.2f}" if "accept_rate" in row else "-", row["outputs_match_baseline"]]
+
+
+def summary_table(title: str, summary: list[dict]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("method")
+    for col in SUMMARY_COLUMNS:
+        table.add_column(col, justify="right")
+    for row in summary:
+        table.add_row(row["method"], *_summary_cells(row))
+    return table
+
+
+def category_table(by_category: dict[str, list[dict]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="per category")
+    table.add_column("category")
+    table.add_column("method")
+    for col in SUMMARY_COLUMNS:
+        table.add_column(col, justify="right")
+    for c, rows in by_category.items():
+        for i, row in enumerate(rows):
+            table.add_row(c if i == 0 else "", row["method"], *_summary_cells(row), end_section=i == len(rows) - 1)
+    return table
+
+
+def op_table(ops: list[dict]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="baseline decode: self time per op")
+    for col in ("op", "ms/token", "share", "calls"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for o in ops:
+        table.add_row(o["op"], f"{o['self_ms_per_token']:.2f}", f"{100 * o['share']:.1f}%", str(o["calls"]))
+    return table

@@ -4,7 +4,6 @@ configs the library takes (``RuntimeConfig``, ``DecoderSpec``, ``SpecConfig``, `
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from specdecode.core.sampling import SamplingParams
@@ -73,7 +72,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def add_store_args(p: argparse.ArgumentParser, what: str = "the run", writes: bool = True) -> None:
     """``--store`` (and ``--no-store`` for commands that write a run)."""
     p.add_argument("--store", default=None,
-                   help="SQLite results store (default: $SPECDECODE_RESULTS_DB or ~/.local/share/specdecode/results.db)")
+                   help="SQLite results store (default: $SPECDECODE_RESULTS_DB or "
+                        "~/.local/share/specdecode/results.db)")
     if writes:
         p.add_argument("--no-store", action="store_true", help=f"do not append {what} to the results store")
 
@@ -99,7 +99,3 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-
-
-def warn(message: str) -> None:
-    print(message, file=sys.stderr)

@@ -1,21 +1,110 @@
-"""`specdecode data build`."""
+"""`specdecode data build`: the target answers seed prompts (and instructions it bootstraps);
+a front end to ``specdecode.training.data.build`` with a status line and a progress bar."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
-from specdecode.cli.common import add_model_args
+from specdecode.cli.common import add_model_args, runtime_config
+from specdecode.training.data import BuildProgress, DataBuildConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.training.data import add_data_args, cmd_data_build
-
     data = sub.add_parser("data", help="build drafter training data with the target model")
     p = data.add_subparsers(dest="data_command", required=True).add_parser(
         "build", help="let the target answer prompts; store tokens and loss masks",
         description="Apply the chat template to seed prompts (and instructions the target bootstraps from them), "
                     "let the target generate the responses (batched; greedy and sampled mix), and append them to a "
                     "resumable on-disk data set with a held-out split.")
-    add_data_args(p)
+    d = DataBuildConfig(out="", prompts=())
+    p.add_argument("--out", required=True, help="data directory (created, or resumed if it exists)")
+    p.add_argument("--prompts", nargs="+", required=True,
+                   help="prompt files: self-instruct seed tasks, user-oriented instructions, or jsonl with "
+                        "'prompt' / 'instruction' / 'messages' (Spec-Bench is refused)")
+    p.add_argument("--bootstrap", type=int, default=d.bootstrap, help="new instructions to bootstrap with the target")
+    p.add_argument("--limit", type=int, default=d.limit, help="stop at this many samples in total")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--sampled-fraction", type=float, default=d.sampled_fraction,
+                   help="share of responses sampled (the rest greedy)")
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--heldout-percent", type=float, default=d.heldout_percent)
+    p.add_argument("--seed", type=int, default=d.seed)
     add_model_args(p)
-    p.set_defaults(func=cmd_data_build)
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> DataBuildConfig:
+    return DataBuildConfig(
+        out=args.out, prompts=tuple(args.prompts), bootstrap=args.bootstrap, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
+        sampled_fraction=args.sampled_fraction, temperature=args.temperature, top_p=args.top_p,
+        heldout_percent=args.heldout_percent, seed=args.seed)
+
+
+class BuildDisplay:
+    """``build``'s progress on stderr: the seed count, a status line while bootstrapping, a bar while generating."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+        self.status: Any = None
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __call__(self, ev: BuildProgress) -> None:
+        if ev.stage == "seeds":
+            self.console.print(f"{ev.done} unique seed prompts from {ev.total} file(s)")
+        elif ev.stage == "bootstrap":
+            if self.status is None:
+                self.status = self.console.status("bootstrapping instructions")
+                self.status.start()
+            if ev.asked:
+                self.status.update(f"bootstrapping instructions: {ev.done}/{ev.total} kept of {ev.asked} asked")
+        elif ev.stage == "bootstrapped":
+            self._stop_status()
+            self.console.print(f"bootstrapped {ev.done} new instructions in {ev.seconds:.0f} s")
+        elif ev.stage == "generate":
+            if self.progress is None:
+                self._start_bar(ev.total)
+            rate = f"{ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
+            self.progress.update(self.task, completed=ev.done, rate=rate)
+
+    def _start_bar(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                   TimeRemainingColumn())
+        self.progress = Progress(*columns, console=self.console)
+        self.progress.start()
+        self.task = self.progress.add_task("gen", total=total, rate="")
+
+    def _stop_status(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def close(self) -> None:
+        self._stop_status()
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdecode.runtime.session import start
+    from specdecode.training.data import build
+
+    cfg = build_config(args)
+    session = start(runtime_config(args))
+    display = BuildDisplay()
+    try:
+        summary = build(cfg, session, on_progress=display)
+    finally:
+        display.close()
+    print(json.dumps(summary))
+    return 0

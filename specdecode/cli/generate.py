@@ -7,8 +7,14 @@ import json
 import sys
 import time
 
-from specdecode.cli.common import (add_model_args, add_sampling_args, add_spec_args, decoder_spec, runtime_config,
-                                   sampling_params)
+from specdecode.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    decoder_spec,
+    runtime_config,
+    sampling_params,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         result = engine.generate(prompt_ids, options)
     elif args.stream:
-        result = engine.generate(prompt_ids, options,
-                                 on_chunk=lambda c: (sys.stdout.write(c.text), sys.stdout.flush()) and None)
+        def print_chunk(chunk: StreamChunk) -> None:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+
+        result = engine.generate(prompt_ids, options, on_chunk=print_chunk)
         sys.stdout.write("\n")
     else:
         columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),

@@ -1,14 +1,66 @@
-"""`specdecode launch`."""
+"""`specdecode launch`: SGLang or vLLM with EAGLE-3 flags, a launch profile and a recorded
+fingerprint (a front end to ``specdecode.integrations.launch``); the engine then takes over
+this process."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
+
+from specdecode.cli.common import spec_config
+from specdecode.core.speculative import SpecConfig
+from specdecode.integrations.export import ENGINES
+
+LAUNCH_TOPK = 1  # a chain by default: vLLM's EAGLE-3 proposes chains only
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.integrations.launch import add_launch_args, cmd_launch
+    d = SpecConfig()
+    p = sub.add_parser("launch", help="launch SGLang or vLLM with EAGLE-3 flags, a launch profile and a recorded "
+                                      "fingerprint",
+                       description="Build the engine's server command (speculative flags, tensor parallel size), "
+                                   "apply the launch profile's environment, record the launch in the results store, "
+                                   "and run it (--dry-run prints it). Measure it with `specdecode bench --endpoint`.")
+    p.add_argument("engine", choices=ENGINES)
+    p.add_argument("--model", default=None, help="target model: HF directory or GGUF (converted to an HF directory "
+                                                 "the engines can read); default: the shipped SmolLM2")
+    p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory (default: the shipped one)")
+    p.add_argument("--no-spec", action="store_true", help="launch without speculative decoding (a baseline)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--num-steps", type=int, default=None, help=f"draft depth (default {d.num_steps}, SpecConfig's)")
+    p.add_argument("--topk", type=int, default=LAUNCH_TOPK, help=f"branching per draft step (default {LAUNCH_TOPK}: "
+                                                                 "a chain, the only shape vLLM drafts)")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="tree nodes verified, root included (default: every drafted node)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--launch-profile", default=None, metavar="NAME", help="environment to launch the engine with")
+    p.add_argument("--store", default=None, help="results store for the launch record")
+    p.add_argument("--dry-run", action="store_true", help="print the environment and command; run nothing")
+    p.add_argument("--engine-args", default="", help="more arguments for the engine, one shell-quoted string, "
+                                                     "e.g. \"--mem-fraction-static 0.8\"")
+    p.set_defaults(func=run)
 
-    p = sub.add_parser('launch', help='launch SGLang or vLLM with EAGLE-3 flags, a launch profile and a recorded fingerprint',
-                       description="Build the engine's server command (speculative flags, tensor parallel size), apply the launch profile's environment, record the launch in the results store, and run it (--dry-run prints it). Measure it with `specdecode bench --endpoint`.")
-    add_launch_args(p)
-    p.set_defaults(func=cmd_launch)
+
+def run(args: argparse.Namespace) -> int:
+    from specdecode.integrations.launch import LaunchConfig, plan_launch, record_launch
+
+    cfg = LaunchConfig(engine=args.engine, model=args.model, drafter=args.drafter, speculative=not args.no_spec,
+                       tp=args.tp, spec=spec_config(args), host=args.host, port=args.port,
+                       launch_profile=args.launch_profile, engine_args=tuple(shlex.split(args.engine_args)),
+                       dry_run=args.dry_run)
+    plan = plan_launch(cfg)
+    for w in plan.warnings:
+        print(f"WARNING: {w}", file=sys.stderr)
+    for n in plan.notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(plan.line)
+    if args.dry_run:
+        return 0
+    run_id = record_launch(cfg, plan, args.store)
+    print(f"launch recorded as run {run_id}; measure it with: specdecode bench --endpoint {cfg.endpoint}",
+          file=sys.stderr)
+    sys.stdout.flush()
+    os.execvpe(plan.command[0], plan.command, plan.env)  # the engine takes over this process (signals, exit code)

@@ -1,14 +1,42 @@
-"""`specdecode runs`."""
+"""`specdecode runs`: list the runs in the results store; and how every measuring command
+says where its run was saved."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from specdecode.cli.common import add_store_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.bench.store import add_runs_args, cmd_runs
+    p = sub.add_parser("runs", help="list the runs in the results store",
+                       description="list the runs in the results store")
+    add_store_args(p, writes=False)
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=run)
 
-    p = sub.add_parser('runs', help='list the runs in the results store',
-                       description='list the runs in the results store')
-    add_runs_args(p)
-    p.set_defaults(func=cmd_runs)
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specdecode.bench.store import ResultsStore
+
+    store = ResultsStore(args.store)
+    table = Table(title=f"runs in {store.path} (newest first)")
+    for col in ("run id", "kind", "created", "methods: tok/s median"):
+        table.add_column(col)
+    for r in store.list_runs(args.limit):
+        table.add_row(r["run_id"], r["kind"], r["created"], ", ".join(
+            f"{s['method']}: {s['tok_per_s_median']:.1f}" for s in r["summary"] if "tok_per_s_median" in s))
+    Console(width=170).print(table)
+    return 0
+
+
+def save_and_report(run: Any, store: Any, out: str | None, console: Any) -> None:
+    """Save ``run`` (``bench.store.save_run``) and say where it went."""
+    from specdecode.bench.store import save_run
+
+    where = save_run(run, store, out)
+    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")

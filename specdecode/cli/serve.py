@@ -1,18 +1,71 @@
-"""`specdecode serve`."""
+"""`specdecode serve`: flags -> ``ServeConfig``, a started session and its decoder, then
+``specdecode.serving.serve.serve``."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 
-from specdecode.cli.common import add_model_args, add_spec_args
+from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config
+from specdecode.serving.config import ServeConfig
+
+_DEFAULTS = ServeConfig()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.serving.server import add_serve_args, cmd_serve
-
-    p = sub.add_parser('serve', help='OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)',
-                       description="Serve the model over HTTP with OpenAI's /v1/completions and /v1/chat/completions (streaming or not), speculative decoding when a drafter is configured, and Prometheus counters on /metrics.")
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)",
+                       description="Serve the model over HTTP with OpenAI's /v1/completions and "
+                                   "/v1/chat/completions (streaming or not), speculative decoding when a drafter "
+                                   "is configured, and Prometheus counters on /metrics.")
     add_serve_args(p)
     add_model_args(p)
     add_spec_args(p)
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=run)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    d = _DEFAULTS
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=d.host,
+                   help="address to bind (default: 127.0.0.1, this machine only; 0.0.0.0 exposes it, "
+                        "so set an API key)")
+    g.add_argument("--port", type=int, default=d.port, help="TCP port (default: 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: "
+                        "$SPECDECODE_API_KEY, which keeps the key out of the process list; none)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: derived from the model, e.g. smollm2-135m-instruct)")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"larger request bodies get 413 (default: {d.max_body_bytes})")
+    g.add_argument("--max-queued", type=int, default=d.max_queued,
+                   help=f"requests waiting beyond this get 503 (default: {d.max_queued})")
+    g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                   help="seconds a shutdown waits for running requests (default: 30)")
+    g.add_argument("--log-interval", type=float, default=d.log_interval,
+                   help="seconds between decode summaries in the log while busy (default: 10)")
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The flags as a ``ServeConfig``; refused (ValueError, exit code 2) before any model loads."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_body_bytes < 1 or args.max_queued < 0:
+        raise ValueError("--max-body-bytes must be >= 1 and --max-queued >= 0")
+    return ServeConfig(host=args.host, port=args.port,
+                       api_key=args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
+                       served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
+                       max_queued=args.max_queued, shutdown_timeout=args.shutdown_timeout,
+                       log_interval=args.log_interval)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdecode.runtime.decoders import build_decoder
+    from specdecode.runtime.session import start
+    from specdecode.serving.serve import serve
+
+    config = serve_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    session = start(runtime_config(args))
+    serve(session, build_decoder(decoder_spec(args), session), config)
+    return 0

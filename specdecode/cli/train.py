@@ -1,14 +1,104 @@
-"""`specdecode train`."""
+"""`specdecode train`: a front end to ``specdecode.training.trainer.train`` with a progress bar;
+prints the run's summary as JSON."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
+
+from specdecode.training.trainer import EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
+
+INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
+              "eval_every", "save_every", "eval_samples")
+FLOAT_FIELDS = ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
+                "fc_lr_scale")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.training.trainer import add_train_args, cmd_train
+    p = sub.add_parser("train", help="train an EAGLE-3 drafter (training-time test, online target)",
+                       description="Train an EAGLE-3 draft head on a data set from `specdecode data build`. Resumes "
+                                   "from OUT/checkpoint; writes OUT/config.json + model.safetensors in the "
+                                   "SGLang/vLLM/SpecForge format.")
+    d = TrainConfig(data="", out="")
+    p.add_argument("--data", required=True, help="data directory from `specdecode data build`")
+    p.add_argument("--out", required=True, help="output drafter directory (checkpoint inside; resumes if present)")
+    p.add_argument("--model", default=None, help="target model (default: the SmolLM2 GGUF)")
+    for name in INT_FIELDS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    for name in FLOAT_FIELDS:
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    p.add_argument("--target-dtype", default=d.target_dtype, help="dtype of the frozen target (bfloat16 | float32)")
+    p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
+    p.add_argument("--random-init", action="store_true", help="do not warm-start from the target's last layer")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=run)
 
-    p = sub.add_parser('train', help='train an EAGLE-3 drafter (training-time test, online target)',
-                       description='Train an EAGLE-3 draft head on a data set from `specdecode data build`. Resumes from OUT/checkpoint; writes OUT/config.json + model.safetensors in the SGLang/vLLM/SpecForge format.')
-    add_train_args(p)
-    p.set_defaults(func=cmd_train)
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}
+    return TrainConfig(**fields | {"autocast": not args.no_autocast, "init_from_target": not args.random_init})
+
+
+class TrainDisplay:
+    """``train``'s progress on stderr: the plan, a bar with the loss and per-step accuracy, evaluations."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        from rich.console import Console
+
+        self.cfg = cfg
+        self.console = Console(stderr=True)
+        self.progress: Any = None
+        self.task: Any = None
+
+    def __call__(self, ev: TrainEvent) -> None:
+        if isinstance(ev, TrainStarted):
+            if ev.resumed_from:
+                self.console.print(f"resumed from {ev.resumed_from} at step {ev.step}")
+            self.console.print(f"{ev.samples} training samples, {ev.heldout} held out; draft vocab "
+                               f"{ev.draft_vocab_size} covers {100 * ev.coverage:.1f}% of assistant tokens; "
+                               f"{ev.total_steps} steps ({ev.steps_per_epoch}/epoch)")
+            self._start_bar(ev.total_steps, ev.step)
+        elif isinstance(ev, StepDone):
+            r = ev.record
+            self.progress.update(self.task, advance=1,
+                                 info=f"loss {r['loss']:.3f} acc " + " ".join(f"{a:.2f}" for a in r["acc"]))
+        elif isinstance(ev, EvalDone):
+            self.progress.console.print(f"step {ev.step}: held-out accept length (chain of {self.cfg.ttt_steps}) "
+                                        f"{ev.result.accept_length:.2f}; step acc "
+                                        + " ".join(f"{a:.2f}" for a in ev.result.step_acc))
+
+    def _start_bar(self, total: int, completed: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        columns = (TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        self.progress = Progress(*columns, console=self.console)
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=total, completed=completed, info="")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdecode.runtime.device import configure_threads
+    from specdecode.training.trainer import train
+
+    configure_threads(args.threads)
+    cfg = train_config(args)
+    display = TrainDisplay(cfg)
+    try:
+        summary = train(cfg, on_progress=display)
+    finally:
+        display.close()
+    print(json.dumps(summary))
+    return 0

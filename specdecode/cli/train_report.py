@@ -1,14 +1,27 @@
-"""`specdecode train-report`."""
+"""`specdecode train-report`: acceptance against training-set size, as a table and a PNG plot."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from specdecode.training.report import add_report_args, cmd_report
+    p = sub.add_parser("train-report", help="acceptance vs training-set size: table and PNG plot",
+                       description="acceptance vs training-set size: table and PNG plot")
+    p.add_argument("runs", nargs="+", help="output directories of `specdecode train`")
+    p.add_argument("--plot", default="data_scaling.png")
+    p.add_argument("--json", default=None, help="also write the rows as JSON")
+    p.set_defaults(func=run)
 
-    p = sub.add_parser('train-report', help='acceptance vs training-set size: table and PNG plot',
-                       description='acceptance vs training-set size: table and PNG plot')
-    add_report_args(p)
-    p.set_defaults(func=cmd_report)
+
+def run(args: argparse.Namespace) -> int:
+    from specdecode.training.report import collect, markdown, plot
+
+    rows = collect(args.runs)
+    print(markdown(rows))
+    plot(rows, Path(args.plot))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0

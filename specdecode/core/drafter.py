@@ -12,6 +12,7 @@ hidden state back (H wide, no ``fc``). The token embedding is the target's, shar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +46,7 @@ class DrafterConfig:
     def hidden_size(self) -> int:
         return self.layer.hidden_size
 
+
 def default_aux_layer_ids(target: ModelConfig) -> tuple[int, ...]:
     return target.eagle3_aux_layer_ids
 
@@ -60,6 +62,9 @@ class DraftLayer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
+    d2t: Tensor  # [draft_vocab] offsets: target id = draft id + d2t[draft id] (buffer)
+    t2d: Tensor  # [vocab] bool: target ids in the draft vocabulary (buffer)
+
     def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
         self.config = config
@@ -113,6 +118,9 @@ class Eagle3Drafter(nn.Module):
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         cache.length = start + T
         return self.lm_head(self.norm(h)), h
+
+    if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
+        __call__ = forward
 
 
 # ---------------------------------------------------------------- checkpoint I/O

@@ -10,8 +10,9 @@ text and timing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -27,7 +28,14 @@ class DecodeStep:
     prefill_s: float | None = None  # set on the first step of a speculative decoder
 
 
-TokenDecoder = Callable[..., Iterator[DecodeStep]]
+class TokenDecoder(Protocol):
+    """A decoder: ``decoder(model, prompt_ids, max_new_tokens, sampling, generator)`` gives a
+    generator of ``DecodeStep``s (closed by the engine when it stops early). ``baseline_decode``
+    and ``Eagle3Decoder`` are two; ``generator`` is None for greedy decoding."""
+
+    def __call__(self, model: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
+                 sampling: SamplingParams, generator: torch.Generator | None, /
+                 ) -> Generator[DecodeStep, None, None]: ...
 
 
 class Tokenizer(Protocol):
@@ -69,7 +77,7 @@ class GenerationResult:
     finish_reason: str
     elapsed_s: float
     ttft_s: float
-    stats: dict = field(default_factory=dict)  # decoder-specific (speculative counters, phases)
+    stats: dict[str, Any] = field(default_factory=dict)  # decoder-specific (speculative counters, phases)
 
     @property
     def num_tokens(self) -> int:
@@ -79,7 +87,7 @@ class GenerationResult:
     def tok_per_s(self) -> float:
         return self.num_tokens / self.elapsed_s if self.elapsed_s > 0 else float("nan")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
             "token_ids": self.token_ids,
@@ -111,7 +119,7 @@ def check_context(model: Transformer, prompt_len: int, max_new_tokens: int, marg
 @torch.inference_mode()
 def baseline_decode(model: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
                     sampling: SamplingParams, generator: torch.Generator | None = None
-                    ) -> Iterator[DecodeStep]:
+                    ) -> Generator[DecodeStep, None, None]:
     """Plain autoregressive decoding: one target forward per token."""
     cache = model.new_cache(1, check_context(model, len(prompt_ids), max_new_tokens))
     device = model.device
@@ -217,9 +225,9 @@ class Engine:
     def generate(self, prompt_ids: Sequence[int], options: GenerateOptions = GenerateOptions(),
                  on_chunk: Callable[[StreamChunk], None] | None = None) -> GenerationResult:
         t0 = time.perf_counter()
-        ttft = None
+        ttft: float | None = None
         ids: list[int] = []
-        text = []
+        text: list[str] = []
         finish = "length"
         profile = SpecProfile()
         comm0 = self.comm.seconds if self.comm else 0.0
@@ -232,9 +240,9 @@ class Engine:
                 on_chunk(chunk)
             finish = chunk.finish_reason or finish
         elapsed = time.perf_counter() - t0
-        stats = {}
+        stats: dict[str, Any] = {}
         if profile.cycles:
-            depth = getattr(self.decoder, "max_depth", profile.max_depth)
+            depth: int = getattr(self.decoder, "max_depth", profile.max_depth)
             stats = profile.to_dict(depth)
         if self.comm:  # tensor parallel: the share of time spent in all-reduces
             comm = self.comm.seconds - comm0
@@ -266,7 +274,7 @@ def batch_generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new
     logits = model(tokens, positions, cache, attention_mask=mask, logits_at=torch.tensor([-1], device=device)).logits
     stops = torch.tensor(list(stop_token_ids) or [-1], device=device)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    out = []
+    out: list[torch.Tensor] = []
     last_pos = positions[:, -1]
     per_row = [sampling] * B if isinstance(sampling, SamplingParams) else list(sampling)
     groups = {p: torch.tensor([i for i, q in enumerate(per_row) if q == p], device=device) for p in set(per_row)}
@@ -284,7 +292,7 @@ def batch_generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new
         S = width + step + 1
         logits = model(token.view(B, 1), last_pos.view(B, 1), cache, attention_mask=valid[:, None, :S]).logits
     rows = torch.stack(out, dim=1).tolist()
-    results = []
+    results: list[list[int]] = []
     for row in rows:
         cut = next((i + 1 for i, t in enumerate(row) if t in set(stop_token_ids)), len(row))
         results.append(row[:cut])

@@ -8,12 +8,13 @@ it too.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
-from specdecode.core.engine import Engine, GenerateOptions, Tokenizer, TokenDecoder, baseline_decode
+from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder, Tokenizer, baseline_decode
 from specdecode.core.model import Transformer
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
@@ -92,7 +93,7 @@ def check_lossless(model: Transformer, tokenizer: Tokenizer, decoder_for: Callab
     for prompt_id, category, ids in prompts:
         base = base_engine.generate(ids, options)
         spec = Engine(model, tokenizer, decoder_for(ids)).generate(ids, options)
-        row = {"prompt_id": prompt_id, "category": category, "num_tokens": base.num_tokens,
+        row: dict[str, Any] = {"prompt_id": prompt_id, "category": category, "num_tokens": base.num_tokens,
                "accept_length": spec.stats.get("accept_length")}
         row |= compare_outputs(model, ids, base.token_ids, spec.token_ids)
         report.rows.append(row)

@@ -10,8 +10,9 @@ compacts it afterwards.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,11 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int | None = None
+    # None (the default): hidden_size // num_heads, filled in by __post_init__. Typed int because
+    # every built config holds one; the None default is the "derive it" marker.
+    head_dim: int = cast(int, None)
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
+    rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has q/k/v biases
@@ -48,7 +51,7 @@ class ModelConfig:
         n = self.num_layers
         return (2, n // 2, n - 3)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -77,6 +80,9 @@ class Linear(nn.Linear):
             out = out + self.bias
         return out.view(*x.shape[:-1], w.shape[0])
 
+    if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
+        __call__ = forward
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -90,6 +96,9 @@ class RMSNorm(nn.Module):
         xf = x if x.dtype == torch.float64 else x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
+
+    if TYPE_CHECKING:
+        __call__ = forward
 
 
 def rope_inv_freq(config: ModelConfig) -> Tensor:
@@ -134,6 +143,9 @@ class KVCache(nn.Module):
     ``length``; ``truncate`` rolls back and ``keep`` compacts chosen slots (the accepted
     path of a draft tree) into a contiguous run.
     """
+
+    k: Tensor  # [layers, B, kv_heads, max_len, head_dim] buffers, registered in __init__
+    v: Tensor
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str, num_kv_heads: int | None = None) -> None:
@@ -194,7 +206,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer_k: Tensor, layer_v: Tensor,
                 start: int, mask: Tensor | None) -> Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)  # type: ignore[no-untyped-call]  # Tensor.split: untyped
         q = apply_rope(q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
         layer_k[:, :, start:start + T] = k
@@ -206,6 +218,9 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
+    if TYPE_CHECKING:
+        __call__ = forward
+
 
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -216,6 +231,9 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+    if TYPE_CHECKING:
+        __call__ = forward
 
 
 class DecoderLayer(nn.Module):
@@ -230,6 +248,9 @@ class DecoderLayer(nn.Module):
                 start: int, mask: Tensor | None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_k, layer_v, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    if TYPE_CHECKING:
+        __call__ = forward
 
 
 @dataclass
@@ -263,7 +284,7 @@ class Transformer(nn.Module):
         max_len = max_len or self.config.max_position_embeddings
         # Heads as the attention modules hold them: a sharded model (tensor parallelism) keeps
         # only its own KV heads, and its cache with it.
-        attn = self.layers[0].self_attn if len(self.layers) else None
+        attn = cast(DecoderLayer, self.layers[0]).self_attn if len(self.layers) else None
         kv_heads = attn.n_kv if attn is not None else self.config.num_kv_heads
         return KVCache(self.config, batch_size, max_len, self.dtype, self.device, num_kv_heads=kv_heads)
 
@@ -295,7 +316,7 @@ class Transformer(nn.Module):
             positions = positions.expand(B, T)
         mask = build_attention_mask(attention_mask, T, start, self.device)
         cos, sin = self.rope(positions)
-        x = self.embed_tokens(tokens)
+        x: Tensor = self.embed_tokens(tokens)
         taps = set(hidden_layers)
         if any(not 0 <= i <= self.config.num_layers for i in taps):
             raise ValueError(f"hidden_layers {list(hidden_layers)} out of range for {self.config.num_layers} layers")
@@ -311,6 +332,9 @@ class Transformer(nn.Module):
             x = x[:, logits_at]
         logits = self.lm_head(self.norm(x))
         return ForwardOutput(logits, [hidden[i] for i in hidden_layers])
+
+    if TYPE_CHECKING:
+        __call__ = forward
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -21,7 +21,7 @@ PHASE_LABELS = {"draft": "Draft steps", "verify": "Target verify", "allreduce": 
 
 class TimeMeter(Protocol):
     """Cumulative seconds spent in some activity inside the model (tensor parallelism's
-    all-reduces: ``specdecode.runtime.tp.CommMeter``), read before and after a phase."""
+    all-reduces: ``specdecode.runtime.sharding.CommMeter``), read before and after a phase."""
 
     @property
     def seconds(self) -> float: ...
@@ -84,8 +84,8 @@ class SpecProfile:
     drafted: int = 0
     accepted: int = 0
     max_depth: int = 0
-    depth_hist: Counter = field(default_factory=Counter)  # accepted draft tokens per cycle -> count
-    phase_s: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in (*PHASES, "total")})
+    depth_hist: Counter[int] = field(default_factory=Counter)  # accepted draft tokens per cycle -> count
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys((*PHASES, "total"), 0.0))
     prefill_s: float = 0.0
 
     def add(self, record: CycleRecord) -> None:
@@ -112,7 +112,7 @@ class SpecProfile:
             return []
         return [sum(c for a, c in self.depth_hist.items() if a >= i) / self.cycles for i in range(1, depth + 1)]
 
-    def to_dict(self, depth: int) -> dict:
+    def to_dict(self, depth: int) -> dict[str, Any]:
         per_cycle_ms = {p: 1000 * self.phase_s[p] / self.cycles if self.cycles else 0.0 for p in (*PHASES, "total")}
         total = self.phase_s["total"] or 1e-12
         return {
@@ -128,7 +128,7 @@ class SpecProfile:
         }
 
 
-def format_profile(stats: dict, title: str = "EAGLE3 profile") -> str:
+def format_profile(stats: dict[str, Any], title: str = "EAGLE3 profile") -> str:
     """The text table of a profile dict (``SpecProfile.to_dict`` plus ``num_tokens``)."""
     lines = [f"{title} ({stats['cycles']} cycles, {stats.get('num_tokens', '?')} tok)"]
     for p in PHASES:

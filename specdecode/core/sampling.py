@@ -57,7 +57,7 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     return probs
 
 
-def sample_from_probs(probs: Tensor, generator: torch.Generator) -> Tensor:
+def sample_from_probs(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """One token id per row of ``probs`` ([..., V] -> [...])."""
     flat = probs.reshape(-1, probs.shape[-1])
     out = torch.multinomial(flat, 1, generator=generator)

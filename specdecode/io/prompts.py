@@ -1,10 +1,23 @@
-"""Prompt sets for benchmarks: a small built-in set, Spec-Bench jsonl, or {"prompt": ...} jsonl."""
+"""Prompt files, read in one place: a small built-in set for benchmarks, and jsonl in every
+format we accept. Benchmarks (``load_prompts``) and drafter training data
+(``specdecode.training.data``) both read through ``read_prompt_rows``.
+
+Row formats (one JSON object a line):
+- Spec-Bench / MT-Bench: ``turns`` (the first turn is used), ``question_id``, ``category``;
+- ``{"prompt": ...}``: one user message;
+- ``{"messages": [...]}``: chat messages as they are;
+- self-instruct seed tasks / user-oriented instructions: ``instruction`` with ``instances``
+  (``input``), or a plain ``input``: one user message per input, up to two of them;
+- ``{"text": ...}``: raw text (no chat template).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -14,6 +27,9 @@ class Prompt:
     messages: tuple[dict, ...] | None = None  # chat messages (the template is applied)
     text: str | None = None  # raw text (no template)
 
+
+FORMATS = "'turns', 'messages', 'prompt', 'instruction' or 'text'"
+INSTANCES_PER_INSTRUCTION = 2  # an instruction with up to two of its inputs
 
 BUILTIN = [
     ("writing", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
@@ -27,18 +43,21 @@ BUILTIN = [
 ]
 
 
+def user(text: str) -> tuple[dict, ...]:
+    """One user message."""
+    return ({"role": "user", "content": text},)
+
+
 def builtin_prompts() -> list[Prompt]:
-    return [Prompt(f"builtin-{i}", cat, ({"role": "user", "content": text},))
-            for i, (cat, text) in enumerate(BUILTIN)]
+    return [Prompt(f"builtin-{i}", cat, user(text)) for i, (cat, text) in enumerate(BUILTIN)]
 
 
 def load_prompts(path: str | Path | None, limit: int | None = None,
                  per_category: int | None = None) -> list[Prompt]:
-    """Spec-Bench format (``turns``, ``category``: the first turn is used) or
-    ``{"prompt": ...}`` / ``{"messages": [...]}`` lines; None gives the built-in set.
+    """The prompts of a file (any format above); None gives the built-in set.
     ``per_category`` keeps the first N of each category (a balanced sample), ``limit``
     the first N overall."""
-    prompts = _read_prompts(path) if path is not None else builtin_prompts()
+    prompts = read_prompts(path) if path is not None else builtin_prompts()
     if per_category:
         seen: dict[str, int] = {}
         kept = []
@@ -50,7 +69,7 @@ def load_prompts(path: str | Path | None, limit: int | None = None,
     return prompts[:limit] if limit else prompts
 
 
-def read_jsonl(path: str | Path):
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number, row) for each non-empty line, with errors that name the line."""
     path = Path(path)
     if not path.exists():
@@ -64,21 +83,41 @@ def read_jsonl(path: str | Path):
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
 
 
-def _read_prompts(path: str | Path) -> list[Prompt]:
-    prompts = []
+def is_spec_bench_row(row: dict) -> bool:
+    return "turns" in row and "question_id" in row
+
+
+def row_prompts(row: dict, n: int, path: str | Path) -> list[Prompt]:
+    """The prompts of one row (line ``n`` of ``path``): one, or one per instance input."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}:{n}: expected a JSON object with a {FORMATS} field")
+    pid = str(row.get("question_id", row.get("id", n)))
+    category = str(row.get("category", "default"))
+    if "turns" in row and row["turns"]:
+        return [Prompt(pid, category, user(row["turns"][0]))]
+    if "messages" in row:
+        return [Prompt(pid, category, tuple(row["messages"]))]
+    if "instruction" in row:
+        inputs = [i.get("input", "") for i in row.get("instances", [])] or [row.get("input", "")]
+        return [Prompt(pid if k == 0 else f"{pid}-{k}", category,
+                       user(row["instruction"] + (f"\n\n{inp}" if inp else "")))
+                for k, inp in enumerate(inputs[:INSTANCES_PER_INSTRUCTION])]
+    if "prompt" in row:
+        return [Prompt(pid, category, user(row["prompt"]))]
+    if "text" in row:
+        return [Prompt(pid, category, text=row["text"])]
+    raise ValueError(f"{path}:{n}: expected a {FORMATS} field")
+
+
+def read_prompt_rows(path: str | Path) -> Iterator[tuple[int, dict, list[Prompt]]]:
+    """(line number, row, its prompts) for each row of a prompt file: callers with a policy on
+    rows (training refuses Spec-Bench) see the row beside what was read from it."""
     for n, row in read_jsonl(path):
-        pid = str(row.get("question_id", row.get("id", n)))
-        category = str(row.get("category", "default"))
-        if "turns" in row and row["turns"]:
-            prompts.append(Prompt(pid, category, ({"role": "user", "content": row["turns"][0]},)))
-        elif "messages" in row:
-            prompts.append(Prompt(pid, category, tuple(row["messages"])))
-        elif "prompt" in row:
-            prompts.append(Prompt(pid, category, ({"role": "user", "content": row["prompt"]},)))
-        elif "text" in row:
-            prompts.append(Prompt(pid, category, text=row["text"]))
-        else:
-            raise ValueError(f"{path}:{n}: expected a 'turns', 'messages', 'prompt' or 'text' field")
+        yield n, row, row_prompts(row, n, path)
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    prompts = [p for _, _, ps in read_prompt_rows(path) for p in ps]
     if not prompts:
         raise ValueError(f"{path}: no prompts found")
     return prompts

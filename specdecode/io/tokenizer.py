@@ -3,34 +3,46 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from specdecode.io.errors import ModelLoadError
+
+
+class HFTokenizer(Protocol):
+    """The calls the wrapper makes on a transformers tokenizer (``PreTrainedTokenizerFast``)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool) -> str: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], *, tokenize: bool,
+                            add_generation_prompt: bool) -> str: ...
 
 
 @dataclass
 class Tokenizer:
     """Thin wrapper: encode/decode, chat template, stop ids."""
 
-    hf: object  # transformers PreTrainedTokenizerFast
+    hf: HFTokenizer  # transformers PreTrainedTokenizerFast
     eos_token_ids: tuple[int, ...]
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict] | str) -> str:
+    def chat_prompt(self, messages: list[dict[str, Any]] | str) -> str:
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         if not getattr(self.hf, "chat_template", None):
             raise ModelLoadError("this tokenizer has no chat template; use --raw for plain-text prompts")
         return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode_chat(self, messages: list[dict] | str) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]] | str) -> list[int]:
         return self.encode(self.chat_prompt(messages))
 
 
@@ -43,7 +55,7 @@ def load_tokenizer(model_dir: Path) -> Tokenizer:
         hf = AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as e:  # transformers raises many types for broken tokenizer files
         raise ModelLoadError(f"{model_dir}: cannot load tokenizer ({type(e).__name__}: {e})") from e
-    eos = set()
+    eos: set[int] = set()
     if hf.eos_token_id is not None:
         eos.add(int(hf.eos_token_id))
     cfg_path = model_dir / "generation_config.json"
@@ -51,4 +63,6 @@ def load_tokenizer(model_dir: Path) -> Tokenizer:
         if path.exists():
             val = json.loads(path.read_text()).get("eos_token_id")
             eos.update([val] if isinstance(val, int) else (val or []))
-    return Tokenizer(hf, tuple(sorted(eos)))
+    # transformers types these calls' results as unions over all their arguments; with the
+    # arguments the wrapper passes they are the list/str that HFTokenizer states.
+    return Tokenizer(cast(HFTokenizer, hf), tuple(sorted(eos)))

@@ -11,7 +11,8 @@ import torch
 
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype
 from specdecode.runtime.device import configure_threads, resolve_device
-from specdecode.runtime.tp import CommMeter, apply_tensor_parallel, world
+from specdecode.runtime.distributed import world
+from specdecode.runtime.sharding import CommMeter, apply_tensor_parallel
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -54,7 +56,7 @@ def _broadcast_flag(value: int) -> int:
 def follow(engine) -> None:
     """Ranks > 0 of `serve --tp N`: run the jobs rank 0 broadcasts until it shuts down."""
     while True:
-        message = [None]
+        message: list[Any] = [None]
         dist.broadcast_object_list(message, src=0)
         if message[0]["op"] != "job":
             return

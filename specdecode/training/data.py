@@ -1,38 +1,71 @@
-"""Training data made by the target itself (`specdecode data build`), and the draft vocab.
+"""Training data made by the target itself (`specdecode data build`): seed prompts (and
+instructions the target bootstraps from them) answered by the target, appended to a
+resumable data set (``specdecode.training.dataset``) with a held-out split.
 
-A data set is a directory:
-- ``tokens.bin``: int32 token ids of every sample, appended;
-- ``index.jsonl``: one line per sample: id, split, source, mode (greedy | sampled),
-  offset and length into tokens.bin, and ``loss_ranges`` ([start, end) spans of
-  assistant tokens, the only ones trained on);
-- ``manifest.json``: the model it was generated with, counts, settings.
-Appending is resumable: a sample is committed when its index line is written (after
-its tokens are flushed), and a restart skips prompt ids already in the index.
+Prompt files are read by ``specdecode.io.prompts``; here they are deduplicated by content
+and Spec-Bench (an evaluation set) is refused.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-import numpy as np
 import torch
 
 from specdecode.core.engine import batch_generate
-from specdecode.io.prompts import read_jsonl
-from specdecode.io.loading import LoadedModel, load_model
-from specdecode.io.paths import file_fingerprint
-from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.core.sampling import SamplingParams
+from specdecode.io.loading import LoadedModel
+from specdecode.io.paths import file_fingerprint
+from specdecode.io.prompts import is_spec_bench_row, read_prompt_rows, user
+from specdecode.runtime.session import Session
+from specdecode.training.dataset import DataSet, heldout_split, summarize
 
 SPEC_BENCH_HINT = "Spec-Bench is for evaluation only: never train a drafter on it"
+BOOTSTRAPPED = "bootstrapped.jsonl"  # inside the data directory: instructions made before (resumable)
+
+
+@dataclass(frozen=True)
+class DataBuildConfig:
+    """`specdecode data build`: where to write, what to answer and how."""
+
+    out: str
+    prompts: tuple[str, ...]
+    bootstrap: int = 0  # new instructions to bootstrap with the target
+    limit: int | None = None  # stop at this many samples in total
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 768
+    batch_size: int = 32
+    sampled_fraction: float = 0.3  # share of responses sampled (the rest greedy)
+    temperature: float = 0.7
+    top_p: float = 0.9
+    heldout_percent: float = 5.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BuildProgress:
+    """What ``build`` reports as it goes, by ``stage``:
+    - "seeds": ``done`` unique seed prompts read from ``total`` files;
+    - "bootstrap": ``done`` instructions kept of ``asked`` asked, ``total`` wanted;
+    - "bootstrapped": ``done`` new instructions made in ``seconds``;
+    - "generate": ``done`` of ``total`` prompts answered, ``new_tokens`` in ``seconds``."""
+
+    stage: str
+    done: int
+    total: int
+    asked: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+
+OnBuildProgress = Callable[[BuildProgress], None]
 
 
 @dataclass(frozen=True)
@@ -51,32 +84,22 @@ def prompt_id(messages: tuple[dict, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _user(text: str) -> tuple[dict, ...]:
-    return ({"role": "user", "content": text},)
-
-
-def read_prompt_file(path: Path) -> Iterator[PromptRecord]:
-    """self-instruct seed tasks / user-oriented instructions (instruction + instance input),
-    or jsonl with ``prompt``, ``instruction`` (+ ``input``) or ``messages``."""
+def read_prompt_file(path: Path) -> list[PromptRecord]:
+    """The prompts of a file for training (any chat format of ``specdecode.io.prompts``), identified
+    by their content; the assistant turns of ``messages`` are dropped (the target answers)."""
     if "spec_bench" in path.name.lower():
         raise ValueError(f"{path}: {SPEC_BENCH_HINT}")
-    for n, row in read_jsonl(path):
-        if "turns" in row and "question_id" in row:
+    records = []
+    for n, row, prompts in read_prompt_rows(path):
+        if is_spec_bench_row(row):
             raise ValueError(f"{path}:{n}: looks like Spec-Bench (question_id, turns); {SPEC_BENCH_HINT}")
-        if "messages" in row:
-            messages = tuple(m for m in row["messages"] if m.get("role") != "assistant")
-        elif "instruction" in row:
-            inputs = [i.get("input", "") for i in row.get("instances", [])] or [row.get("input", "")]
-            for inp in inputs[:2]:  # an instruction with up to two of its inputs
-                text = row["instruction"] + (f"\n\n{inp}" if inp else "")
-                msgs = _user(text)
-                yield PromptRecord(prompt_id(msgs), path.stem, msgs)
-            continue
-        elif "prompt" in row:
-            messages = _user(row["prompt"])
-        else:
-            raise ValueError(f"{path}:{n}: expected 'instruction', 'prompt' or 'messages'")
-        yield PromptRecord(prompt_id(messages), path.stem, messages)
+        for p in prompts:
+            if p.messages is None:
+                raise ValueError(f"{path}:{n}: raw 'text' has no chat turn to answer; expected 'instruction', "
+                                 "'prompt' or 'messages'")
+            messages = tuple(m for m in p.messages if m.get("role") != "assistant")
+            records.append(PromptRecord(prompt_id(messages), path.stem, messages))
+    return records
 
 
 def dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
@@ -89,9 +112,11 @@ def dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
 
 
 def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count: int, seed: int,
-                           batch_size: int = 32, on_batch=None) -> list[PromptRecord]:
+                           batch_size: int = 32,
+                           on_batch: Callable[[int, int], None] | None = None) -> list[PromptRecord]:
     """New instructions written by the target, self-instruct style: show it a few seed
-    instructions and ask for a new one (sampled, so each request differs)."""
+    instructions and ask for a new one (sampled, so each request differs).
+    ``on_batch(kept, asked)`` after each batch."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     tok = loaded.tokenizer
@@ -109,10 +134,10 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
             prompts.append(tok.encode_chat(ask))
         attempts += batch_size
         for ids in batch_generate(loaded.model, prompts, 48, params, tok.eos_token_ids, gen):
-            text = tok.decode([t for t in ids if t not in tok.eos_token_ids]).strip().splitlines()
-            text = re.sub(r"^\d+[.)]\s*", "", text[0]).strip() if text else ""
+            lines = tok.decode([t for t in ids if t not in tok.eos_token_ids]).strip().splitlines()
+            text = re.sub(r"^\d+[.)]\s*", "", lines[0]).strip() if lines else ""
             if 15 <= len(text) <= 300:
-                msgs = _user(text)
+                msgs = user(text)
                 out.append(PromptRecord(prompt_id(msgs), "bootstrapped", msgs))
         out = dedupe(out)
         if on_batch:
@@ -120,154 +145,76 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
     return out[:count]
 
 
-class DataSet:
-    """Read/append access to a data directory (see module docstring)."""
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.index_path = self.root / "index.jsonl"
-        self.tokens_path = self.root / "tokens.bin"
-        self.manifest_path = self.root / "manifest.json"
-
-    def exists(self) -> bool:
-        return self.index_path.exists()
-
-    def manifest(self) -> dict:
-        if not self.manifest_path.exists():
-            raise FileNotFoundError(f"{self.manifest_path}: not found; build the data set with `specdecode data build`")
-        return json.loads(self.manifest_path.read_text())
-
-    def index(self) -> list[dict]:
-        if not self.index_path.exists():
-            raise FileNotFoundError(f"{self.index_path}: not found; build the data set with `specdecode data build`")
-        rows = []
-        size = self.tokens_path.stat().st_size // 4 if self.tokens_path.exists() else 0
-        for n, line in enumerate(self.index_path.read_text().splitlines(), 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                if n == len(self.index_path.read_text().splitlines()):
-                    break  # a torn last line from an interrupted write: that sample is not committed
-                raise ValueError(f"{self.index_path}:{n}: corrupt index line") from None
-            if row["offset"] + row["length"] > size:
-                raise ValueError(f"{self.index_path}:{n}: sample points past the end of tokens.bin (truncated?)")
-            rows.append(row)
-        return rows
-
-    def tokens(self) -> np.ndarray:
-        return np.memmap(self.tokens_path, dtype=np.int32, mode="r")
-
-    def samples(self, split: str | None = None) -> list[dict]:
-        return [r for r in self.index() if split is None or r["split"] == split]
-
-    def read(self, row: dict, tokens: np.ndarray | None = None) -> tuple[list[int], list[bool]]:
-        tokens = self.tokens() if tokens is None else tokens
-        ids = tokens[row["offset"]: row["offset"] + row["length"]].tolist()
-        mask = [False] * len(ids)
-        for a, b in row["loss_ranges"]:
-            mask[a:b] = [True] * (b - a)
-        return ids, mask
-
-    def append(self, rows: list[tuple[dict, list[int]]]) -> None:
-        """Commit samples: tokens first (flushed), then their index lines."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.tokens_path, "ab") as f:
-            # a torn tail from a killed writer is skipped: offsets come from the file size
-            offset = f.tell() // 4
-            if f.tell() % 4:
-                f.truncate(offset * 4)
-                f.seek(offset * 4)
-            lines = []
-            for meta, ids in rows:
-                f.write(np.asarray(ids, dtype=np.int32).tobytes())
-                lines.append(json.dumps(meta | {"offset": offset, "length": len(ids)}))
-                offset += len(ids)
-            f.flush()
-        with open(self.index_path, "a") as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
+def _bootstrapped(cfg: DataBuildConfig, loaded: LoadedModel, seeds: list[PromptRecord],
+                  report: OnBuildProgress) -> list[PromptRecord]:
+    """The bootstrapped instructions: read back if made before (resumable), else made and saved."""
+    boot_path = Path(cfg.out) / BOOTSTRAPPED
+    if boot_path.exists():
+        return read_prompt_file(boot_path)
+    t0 = time.perf_counter()
+    boot = bootstrap_instructions(
+        loaded, seeds, cfg.bootstrap, cfg.seed, batch_size=cfg.batch_size,
+        on_batch=lambda n, tried: report(BuildProgress("bootstrap", n, cfg.bootstrap, asked=tried)))
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    boot_path.write_text("".join(json.dumps({"prompt": r.messages[0]["content"]}) + "\n" for r in boot))
+    report(BuildProgress("bootstrapped", len(boot), cfg.bootstrap, seconds=time.perf_counter() - t0))
+    return boot
 
 
-def heldout_split(pid: str, percent: float) -> str:
-    return "heldout" if int(pid[:8], 16) % 10000 < percent * 100 else "train"
-
-
-def build(args: argparse.Namespace) -> dict:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    configure_threads(args.threads)
-    loaded = load_model(args.model, args.dtype, resolve_device(args.device))
+def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress | None = None) -> dict:
+    """Append the target's answers to ``cfg.out`` (resuming: prompts already there are skipped);
+    returns the data set's counts and this run's generated tokens and seconds."""
+    report = on_progress or (lambda _: None)
+    loaded = session.loaded
     tok = loaded.tokenizer
-    ds = DataSet(args.out)
+    ds = DataSet(cfg.out)
     done = {r["id"] for r in ds.index()} if ds.exists() else set()
     if ds.exists():
         m = ds.manifest()
         if m.get("model_fingerprint") and m["model_fingerprint"] != fingerprint(loaded):
-            raise ValueError(f"{args.out} was generated by another model ({m.get('model')}); use a new --out")
+            raise ValueError(f"{cfg.out} was generated by another model ({m.get('model')}); use a new --out")
 
     records: list[PromptRecord] = []
-    for path in args.prompts:
-        records += list(read_prompt_file(Path(path)))
+    for path in cfg.prompts:
+        records += read_prompt_file(Path(path))
     records = dedupe(records)
-    console.print(f"{len(records)} unique seed prompts from {len(args.prompts)} file(s)")
-    if args.bootstrap:
-        boot_path = Path(args.out) / "bootstrapped.jsonl"
-        if boot_path.exists():  # resumable: reuse the instructions made before
-            boot = list(read_prompt_file(boot_path))
-        else:
-            t0 = time.perf_counter()
-            with console.status("bootstrapping instructions") as status:
-                boot = bootstrap_instructions(
-                    loaded, records, args.bootstrap, args.seed, batch_size=args.batch_size,
-                    on_batch=lambda n, tried: status.update(f"bootstrapping instructions: {n}/{args.bootstrap} "
-                                                            f"kept of {tried} asked"))
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            boot_path.write_text("".join(json.dumps({"prompt": r.messages[0]["content"]}) + "\n" for r in boot))
-            console.print(f"bootstrapped {len(boot)} new instructions in {time.perf_counter() - t0:.0f} s")
+    report(BuildProgress("seeds", len(records), len(cfg.prompts)))
+    if cfg.bootstrap:
+        boot = _bootstrapped(cfg, loaded, records, report)
         records = dedupe(records + [PromptRecord(r.id, "bootstrapped", r.messages) for r in boot])
-    rng = random.Random(args.seed)
+    rng = random.Random(cfg.seed)
     todo = [r for r in records if r.id not in done]
     rng.shuffle(todo)
-    if args.limit:
-        todo = todo[:max(0, args.limit - len(done))]
-    write_manifest(ds, loaded, args, extra={"status": "building"})
+    if cfg.limit:
+        todo = todo[:max(0, cfg.limit - len(done))]
+    write_manifest(ds, session, cfg, extra={"status": "building"})
 
     greedy = SamplingParams()
-    sampled = SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    gen = torch.Generator().manual_seed(args.seed + len(done))
-    columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-               TimeRemainingColumn())
-    new_tokens = 0
+    sampled = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
+    gen = torch.Generator().manual_seed(cfg.seed + len(done))
+    new_tokens = answered = 0
     t0 = time.perf_counter()
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("gen", total=len(todo), rate="")
-        # sort by prompt length within a window: less padding per batch
-        for start in range(0, len(todo), args.batch_size):
-            batch = sorted(todo[start:start + args.batch_size], key=lambda r: len(r.messages[-1]["content"]))
-            modes = ["sampled" if rng.random() < args.sampled_fraction else "greedy" for _ in batch]
-            prompts = [tok.encode_chat(list(r.messages))[-args.max_prompt_tokens:] for r in batch]
-            outs = batch_generate(loaded.model, prompts, args.max_new_tokens,
-                                  [greedy if m == "greedy" else sampled for m in modes], tok.eos_token_ids, gen)
-            rows = []
-            for r, mode, p, o in zip(batch, modes, prompts, outs):
-                meta = {"id": r.id, "split": heldout_split(r.id, args.heldout_percent), "source": r.source,
-                        "mode": mode, "loss_ranges": [[len(p), len(p) + len(o)]]}
-                rows.append((meta, p + o))
-                new_tokens += len(o)
-            ds.append(rows)
-            rate = new_tokens / (time.perf_counter() - t0)
-            progress.update(task, advance=len(batch), rate=f"{rate:.0f} new tok/s")
-    index = ds.index()
-    summary = {
-        "samples": len(index), "train": sum(r["split"] == "train" for r in index),
-        "heldout": sum(r["split"] == "heldout" for r in index),
-        "assistant_tokens": sum(b - a for r in index for a, b in r["loss_ranges"]),
-        "total_tokens": sum(r["length"] for r in index),
-        "generated_this_run": new_tokens, "seconds_this_run": time.perf_counter() - t0,
-    }
-    write_manifest(ds, loaded, args, extra={"status": "complete", **summary})
+    report(BuildProgress("generate", 0, len(todo)))
+    # sort by prompt length within a window: less padding per batch
+    for start in range(0, len(todo), cfg.batch_size):
+        batch = sorted(todo[start:start + cfg.batch_size], key=lambda r: len(r.messages[-1]["content"]))
+        modes = ["sampled" if rng.random() < cfg.sampled_fraction else "greedy" for _ in batch]
+        prompts = [tok.encode_chat(list(r.messages))[-cfg.max_prompt_tokens:] for r in batch]
+        outs = batch_generate(loaded.model, prompts, cfg.max_new_tokens,
+                              [greedy if m == "greedy" else sampled for m in modes], tok.eos_token_ids, gen)
+        rows = []
+        for r, mode, p, o in zip(batch, modes, prompts, outs, strict=True):
+            meta = {"id": r.id, "split": heldout_split(r.id, cfg.heldout_percent), "source": r.source,
+                    "mode": mode, "loss_ranges": [[len(p), len(p) + len(o)]]}
+            rows.append((meta, p + o))
+            new_tokens += len(o)
+        ds.append(rows)
+        answered += len(batch)
+        report(BuildProgress("generate", answered, len(todo), new_tokens=new_tokens,
+                             seconds=time.perf_counter() - t0))
+    summary = summarize(ds.index()) | {"generated_this_run": new_tokens,
+                                       "seconds_this_run": time.perf_counter() - t0}
+    write_manifest(ds, session, cfg, extra={"status": "complete", **summary})
     return summary
 
 
@@ -276,67 +223,14 @@ def fingerprint(loaded: LoadedModel) -> str:
     return file_fingerprint(src) if src.is_file() else file_fingerprint(src / "config.json")
 
 
-def write_manifest(ds: DataSet, loaded: LoadedModel, args: argparse.Namespace, extra: dict) -> None:
-    ds.root.mkdir(parents=True, exist_ok=True)
-    manifest = {
+def write_manifest(ds: DataSet, session: Session, cfg: DataBuildConfig, extra: dict) -> None:
+    loaded = session.loaded
+    template = str(getattr(loaded.tokenizer.hf, "chat_template", ""))
+    ds.write_manifest({
         "format": "specdecode-data-v1", "model": str(loaded.source), "model_fingerprint": fingerprint(loaded),
-        "chat_template_sha": hashlib.sha256(str(getattr(loaded.tokenizer.hf, "chat_template", "")).encode()).hexdigest()[:16],
-        "dtype": args.dtype, "prompt_files": [str(p) for p in args.prompts], "bootstrap": args.bootstrap,
-        "max_new_tokens": args.max_new_tokens, "sampled_fraction": args.sampled_fraction,
-        "temperature": args.temperature, "top_p": args.top_p, "heldout_percent": args.heldout_percent,
-        "seed": args.seed, **extra,
-    }
-    tmp = ds.manifest_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(ds.manifest_path)
-
-
-# ---------------------------------------------------------------- draft vocabulary
-
-def token_counts(ds: DataSet, vocab_size: int, split: str = "train") -> np.ndarray:
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    tokens = ds.tokens()
-    for row in ds.samples(split):
-        for a, b in row["loss_ranges"]:
-            seg = tokens[row["offset"] + a: row["offset"] + b]
-            counts += np.bincount(seg, minlength=vocab_size)[:vocab_size]
-    return counts
-
-
-def draft_vocab(counts: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """The ``size`` most frequent assistant tokens: (d2t offsets, t2d mask, coverage).
-    Draft ids are assigned in ascending target-id order; ties favour lower ids."""
-    vocab = len(counts)
-    if not 0 < size <= vocab:
-        raise ValueError(f"draft vocab size must be in [1, {vocab}], got {size}")
-    order = np.lexsort((np.arange(vocab), -counts))[:size]
-    chosen = np.sort(order)
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[torch.from_numpy(chosen)] = True
-    d2t = torch.from_numpy(chosen - np.arange(size)).long()
-    coverage = float(counts[chosen].sum() / max(counts.sum(), 1))
-    return d2t, t2d, coverage
-
-
-def add_data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="data directory (created, or resumed if it exists)")
-    p.add_argument("--prompts", nargs="+", required=True,
-                   help="prompt files: self-instruct seed tasks, user-oriented instructions, or jsonl with "
-                        "'prompt' / 'instruction' / 'messages' (Spec-Bench is refused)")
-    p.add_argument("--bootstrap", type=int, default=0, help="new instructions to bootstrap with the target")
-    p.add_argument("--limit", type=int, default=None, help="stop at this many samples in total")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-prompt-tokens", type=int, default=768)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--sampled-fraction", type=float, default=0.3,
-                   help="share of responses sampled (the rest greedy)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--heldout-percent", type=float, default=5.0)
-    p.add_argument("--seed", type=int, default=0)
-
-
-def cmd_data_build(args: argparse.Namespace) -> int:
-    summary = build(args)
-    print(json.dumps(summary))
-    return 0
+        "chat_template_sha": hashlib.sha256(template.encode()).hexdigest()[:16],
+        "dtype": session.config.dtype, "prompt_files": [str(p) for p in cfg.prompts], "bootstrap": cfg.bootstrap,
+        "max_new_tokens": cfg.max_new_tokens, "sampled_fraction": cfg.sampled_fraction,
+        "temperature": cfg.temperature, "top_p": cfg.top_p, "heldout_percent": cfg.heldout_percent,
+        "seed": cfg.seed, **extra,
+    })

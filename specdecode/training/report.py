@@ -1,8 +1,7 @@
-"""`specdecode train-report`: acceptance against training-set size, as a table and a plot."""
+"""Acceptance against training-set size, as a table and a plot (`specdecode train-report`)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def plot(rows: list[dict], out: Path, depths: tuple[int, ...] = (2, 3, 4, 5)) ->
     for d in depths:
         pts = [(r["samples"], r["accept_length_by_depth"][d]) for r in rows if d in r["accept_length_by_depth"]]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=f"chain of {d}")
+            ax.plot(*zip(*pts, strict=True), marker="o", label=f"chain of {d}")
     ax.set_xscale("log")
     ax.set(xlabel="training samples (target-generated responses)", ylabel="held-out accept length",
            title="EAGLE-3 drafter for SmolLM2-135M: data scaling")
@@ -56,18 +55,3 @@ def plot(rows: list[dict], out: Path, depths: tuple[int, ...] = (2, 3, 4, 5)) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def add_report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", help="output directories of `specdecode train`")
-    p.add_argument("--plot", default="data_scaling.png")
-    p.add_argument("--json", default=None, help="also write the rows as JSON")
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    rows = collect(args.runs)
-    print(markdown(rows))
-    plot(rows, Path(args.plot))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0

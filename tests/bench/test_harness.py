@@ -7,12 +7,13 @@ import os
 
 import pytest
 
-from specdecode.bench.compare import compare_runs, permutation_p, sign_flip_p
+from specdecode.bench.compare import compare_runs
 from specdecode.bench.fingerprint import REDACTED, capture, diff, filtered_env, performance_relevant, redact_argv
-from specdecode.io.paths import file_hash
 from specdecode.bench.profiles import LaunchProfile, load_profile, save_profile
+from specdecode.bench.stats import permutation_p, sign_flip_p
 from specdecode.bench.store import ResultsStore, Run, append_jsonl, load_run, new_run_id, read_jsonl
 from specdecode.bench.tune import grid_points, parse_env_grid
+from specdecode.io.paths import file_hash
 
 
 def test_fingerprint_captures_what_speed_depends_on(tmp_path, monkeypatch):
@@ -122,9 +123,9 @@ def test_compare_says_when_too_few_prompts_to_test():
 def test_compare_counts_identical_outputs():
     a = _run("A", {"baseline": [50, 51]})
     b = _run("B", {"baseline": [50, 51]})
-    for r, ids in zip(a.records, ([1, 2, 3], [4, 5])):
+    for r, ids in zip(a.records, ([1, 2, 3], [4, 5]), strict=True):
         r["token_ids"] = ids
-    for r, ids in zip(b.records, ([1, 2, 3], [4, 6])):
+    for r, ids in zip(b.records, ([1, 2, 3], [4, 6]), strict=True):
         r["token_ids"] = ids
     assert compare_runs(a, b).methods[0].same_output == "1/2"
 

@@ -14,11 +14,18 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from specdecode.io.prompts import Prompt
 from specdecode.bench.remote import (
-    RemoteError, SSEDecoder, list_models, measure_endpoint, normalize_endpoint, parse_prometheus,
-    percentile, spec_delta, summarize_run,
+    RemoteError,
+    SSEDecoder,
+    list_models,
+    measure_endpoint,
+    normalize_endpoint,
+    spec_delta,
+    summarize_run,
 )
+from specdecode.bench.stats import percentile
+from specdecode.io.prometheus import parse_prometheus
+from specdecode.io.prompts import Prompt
 
 TOKENS = ["Hello", ",", " world", "!", " Bye"]
 
@@ -425,7 +432,7 @@ def test_records_feed_bench_summarize(stub):
 
 
 def test_vllm_v0_counters_without_drafts_give_rates_only():
-    from specdecode.bench.remote import _counter_snapshot
+    from specdecode.bench.remote.metrics import _counter_snapshot
 
     text = ('vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 15.0\n'
             'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 30.0\n'
@@ -438,8 +445,8 @@ def test_vllm_v0_counters_without_drafts_give_rates_only():
 
 def test_bench_endpoint_cli_table_store_and_failures(stub, tmp_path, capsys):
     """`specdecode bench --endpoint`: prompts file, runs, store, jsonl; a failed request makes exit 1."""
-    from specdecode.cli.main import main
     from specdecode.bench.store import ResultsStore, read_jsonl
+    from specdecode.cli.main import main
 
     url, cfg = stub
     pfile = tmp_path / "p.jsonl"

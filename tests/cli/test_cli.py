@@ -43,7 +43,8 @@ def test_bad_sampling_args_are_clear_errors():
 
 def test_bench_writes_json(tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n{"turns": ["Name a color."], "category": "qa"}\n')
+    prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n'
+                       '{"turns": ["Name a color."], "category": "qa"}\n')
     out_file = tmp_path / "bench.json"
     specdecode("bench", "--methods", "baseline", "--prompts", str(prompts), "--max-new-tokens", "8",
                "--warmup", "0", "--out", str(out_file), "--op-profile")
@@ -56,7 +57,8 @@ def test_bench_writes_json(tmp_path):
 
 def test_bench_eagle3_methods_and_categories(tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n{"turns": ["Name a color."], "category": "qa"}\n')
+    prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n'
+                       '{"turns": ["Name a color."], "category": "qa"}\n')
     out_file = tmp_path / "bench.json"
     specdecode("bench", "--methods", "baseline,eagle3:steps=2,topk=1,eagle3:steps=2,topk=2,draft_tokens=4",
                "--drafter", "random", "--prompts", str(prompts), "--max-new-tokens", "8", "--warmup", "0",

@@ -7,14 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdecode.io.errors import DrafterMismatchError
-
-from specdecode.io.checkpoints import load_drafter, save_drafter
-
 from specdecode.core.drafter import random_drafter
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig, eagle3_decode
-
+from specdecode.io.checkpoints import load_drafter, save_drafter
+from specdecode.io.errors import DrafterMismatchError
 from tests.helpers import tiny_model
 
 SGLANG_KEYS = {

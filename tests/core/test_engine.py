@@ -3,11 +3,9 @@
 import pytest
 import torch
 
-from specdecode.core.engine import (ContextLengthError, Engine, GenerateOptions, TextAssembler,
-                               baseline_decode)
-from specdecode.io.tokenizer import Tokenizer
+from specdecode.core.engine import ContextLengthError, Engine, GenerateOptions, TextAssembler, baseline_decode
 from specdecode.core.sampling import SamplingParams
-
+from specdecode.io.tokenizer import Tokenizer
 from tests.helpers import tiny_model
 
 
@@ -116,7 +114,7 @@ def test_batch_generate_matches_single_greedy():
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12, 13, 14]]
     stop = [5]
     got = batch_generate(model, prompts, 15, SamplingParams(), stop)
-    for p, g in zip(prompts, got):
+    for p, g in zip(prompts, got, strict=False):
         ref = []
         for step in baseline_decode(model, p, 15, SamplingParams()):
             ref += step.tokens

@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.core.model import Linear, ModelConfig
-
 from tests.helpers import tiny_model
 
 
@@ -98,7 +97,7 @@ def test_tree_mask_verification_equals_each_path():
     L = cache.length
     out = run(model, nodes, cache, positions=[L + d for d in depth], mask=tree_mask(parents)).logits[0]
     paths = {3: [0, 1, 3], 4: [0, 2, 4], 5: [0, 2, 5]}
-    for leaf, path in paths.items():
+    for path in paths.values():
         ref_cache = model.new_cache(1, 32)
         ref = run(model, prefix + [nodes[i] for i in path], ref_cache).logits[0, len(prefix):]
         torch.testing.assert_close(out[path], ref, rtol=0, atol=1e-10)

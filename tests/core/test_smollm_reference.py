@@ -51,7 +51,7 @@ def test_greedy_matches_transformers_generate(smollm, hf_smollm):
             out = hf_smollm.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                      max_new_tokens=128, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
         theirs = out[0, len(ids):].tolist()
-        first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
         assert ours == theirs, f"{prompt!r}: first difference at token {first_diff} of {len(ours)}/{len(theirs)}"
         compared += len(ours)
     assert compared >= 300, f"only {compared} tokens compared: prompts ended too early to be a real test"

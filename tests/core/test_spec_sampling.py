@@ -9,9 +9,7 @@ import torch
 from specdecode.core.sampling import SamplingParams, logits_to_probs
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import DraftTree, Verification, accept_sampling, ancestor_mask, eagle3_decode
-
-from tests.helpers import tiny_model
-from tests.helpers import perturbed
+from tests.helpers import perturbed, tiny_model
 
 
 def chi_square_p(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:

@@ -1,6 +1,5 @@
 """EAGLE-3 decoding on tiny random models (float64): lossless greedy, self-draft, trees."""
 
-import copy
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from specdecode.core.engine import baseline_decode
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import SpecConfig, ancestor_mask, eagle3_decode
-
 from tests.helpers import perturbed, tiny_model
 
 CONFIGS = [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(2, 2, 4), SpecConfig(3, 3, 8),
@@ -68,8 +66,8 @@ def test_tree_shape_and_mask():
     assert mask[5].tolist() == [True, False, True, False, False, True]
 
 
-@pytest.mark.parametrize("kwargs", [dict(num_steps=0), dict(topk=0), dict(num_steps=2, topk=1, num_draft_tokens=4),
-                                    dict(num_steps=2, topk=2, num_draft_tokens=1)])
+@pytest.mark.parametrize("kwargs", [{"num_steps": 0}, {"topk": 0}, {"num_steps": 2, "topk": 1, "num_draft_tokens": 4},
+                                    {"num_steps": 2, "topk": 2, "num_draft_tokens": 1}])
 def test_bad_spec_config(kwargs):
     with pytest.raises(ValueError):
         SpecConfig(**kwargs)

@@ -5,9 +5,8 @@ import shlex
 
 import pytest
 
-from tests.helpers import run_specdecode
-
 from specdecode.integrations.launch import engine_command
+from tests.helpers import run_specdecode
 
 pytestmark = pytest.mark.model
 
@@ -33,7 +32,7 @@ def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env):
     argv = shlex.split(line)
     cmd = argv[argv.index("-m"):]
     assert cmd[:2] == ["-m", "sglang.launch_server"]
-    flags = dict(zip(cmd[2::2], cmd[3::2]))
+    flags = dict(zip(cmd[2::2], cmd[3::2], strict=False))
     assert flags["--tp-size"] == "8" and flags["--port"] == "31000" and flags["--host"] == "127.0.0.1"
     assert flags["--speculative-algorithm"] == "EAGLE3"
     assert flags["--speculative-num-steps"] == "3" and flags["--speculative-eagle-topk"] == "4"
@@ -65,8 +64,8 @@ def test_no_spec_command_has_no_spec_flags():
 
 
 def test_export_keeps_the_taps_across_conventions(tmp_path, smollm):
+    from specdecode.integrations.export import export_drafter
     from specdecode.io.checkpoints import load_drafter
-    from specdecode.integrations.launch import export_drafter
 
     s = export_drafter(None, None, "sglang", tmp_path / "sglang")
     v = export_drafter(None, None, "vllm", tmp_path / "vllm")

@@ -6,11 +6,8 @@ import pytest
 import torch
 
 from specdecode.io.errors import ModelLoadError
-
 from specdecode.io.hf import load_hf_dir
-
 from specdecode.io.loading import load_model, resolve_model_dir
-
 from tests.helpers import save_tiny_hf
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.helpers import run_specdecode, tiny_model
 from specdecode.runtime.tp import apply_tensor_parallel, split_sizes
+from tests.helpers import run_specdecode, tiny_model
 
 PROMPT = [5, 17, 3, 42, 8, 11, 29]
 

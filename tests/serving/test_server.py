@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import re
-import socket
 import signal
 import threading
 import time
@@ -22,13 +21,12 @@ from hypothesis import strategies as st
 
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import Engine, GenerateOptions, baseline_decode
-from specdecode.io.loading import LoadedModel
 from specdecode.core.profiler import SpecProfile
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
-from specdecode.serving.server import create_app, decode_log_line, default_model_name, make_server, _Snapshot
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-
+from specdecode.io.loading import LoadedModel
+from specdecode.serving.app import create_app, make_server
 from tests.helpers import tiny_model
 
 NAME = "tiny-test"
@@ -42,8 +40,8 @@ STEP_S = 0.04  # per token in the slow server: long generations, far from the ti
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from specdecode.io.tokenizer import load_tokenizer
     from specdecode.io.loading import resolve_model_dir
+    from specdecode.io.tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model_dir(None)[1])
 
@@ -119,7 +117,8 @@ def http(server):
         yield c
 
 
-def expected(loaded, decoder, prompt_ids, max_tokens, stop=(), sampling=SamplingParams()):
+def expected(loaded, decoder, prompt_ids, max_tokens, stop=(), sampling=None):
+    sampling = SamplingParams() if sampling is None else sampling
     engine = Engine(loaded.model, loaded.tokenizer, decoder)
     return engine.generate(prompt_ids, GenerateOptions(max_tokens, sampling, tuple(stop)))
 
@@ -373,17 +372,16 @@ def test_unsupported_method_is_openai_shaped(http):
 # ---------------------------------------------------------------- concurrency and lifecycle
 
 def test_client_disconnect_mid_stream_frees_the_slot(slow_server, caplog):
-    caplog.set_level(logging.INFO, logger="specdecode.serving.server")
+    caplog.set_level(logging.INFO, logger="specdecode.serving.metrics")
     base = slow_server.url
     before = scrape(httpx.Client(base_url=base))
     budget = CONTEXT - 20
-    with httpx.Client(base_url=base, timeout=30) as c:
-        with c.stream("POST", COMPLETIONS, json={"model": NAME, "prompt": "Tell me a long story",
-                                                 "max_tokens": budget, "temperature": 0, "stream": True}) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            seen = [next(lines) for _ in range(12)]  # some events, then hang up
-            assert any(line.startswith("data: ") for line in seen)
+    body = {"model": NAME, "prompt": "Tell me a long story", "max_tokens": budget, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=base, timeout=30) as c, c.stream("POST", COMPLETIONS, json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        seen = [next(lines) for _ in range(12)]  # some events, then hang up
+        assert any(line.startswith("data: ") for line in seen)
     # a full generation takes budget * STEP_S = 9.4 s; the next request must not wait for it
     t0 = time.monotonic()
     r = httpx.post(base + COMPLETIONS, json={"model": NAME, "prompt": "Hi", "max_tokens": 3, "temperature": 0},
@@ -558,77 +556,3 @@ def test_fuzzed_bodies_never_get_a_5xx(http, case):
         assert events[-1] == "[DONE]"
     else:
         assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length")
-
-
-# ---------------------------------------------------------------- CLI and helpers
-
-def test_serve_cli_arguments():
-    from specdecode.cli.main import build_parser, main
-    from specdecode.serving.server import cmd_serve
-
-    args = build_parser().parse_args(["serve"])
-    assert (args.host, args.port, args.api_key, args.func) == ("127.0.0.1", 8000, None, cmd_serve)
-    assert args.max_body_bytes == 1 << 20 and not args.no_spec
-    args = build_parser().parse_args(["serve", "--port", "9001", "--api-key", "k", "--served-model-name", "m",
-                                      "--drafter", "random", "--num-steps", "3"])
-    assert (args.port, args.api_key, args.served_model_name, args.drafter, args.num_steps) == \
-        (9001, "k", "m", "random", 3)
-    assert main(["serve", "--port", "70000"]) == 2  # rejected before any model is loaded
-
-
-def test_default_model_name():
-    assert default_model_name(Path("/x/SmolLM2-135M-Instruct.Q4_1.gguf")) == "smollm2-135m-instruct"
-    assert default_model_name(Path("/x/Qwen2.5-0.5B-Instruct")) == "qwen2.5-0.5b-instruct"
-    assert default_model_name(Path("/x/llama-3-8b-Q4_K_M.gguf")) == "llama-3-8b"
-
-
-def test_decode_log_line():
-    a = _Snapshot(0.0, 0, 0, 0, 0)
-    b = _Snapshot(10.0, 412, 100, 300, 171)
-    assert decode_log_line(a, b, 1, 3) == \
-        "decode: accept len 2.71, accept rate 0.57, gen throughput 41.2 tok/s, running 1, queued 3"
-    assert decode_log_line(a, _Snapshot(2.0, 20, 0, 0, 0), 0, 0) == \
-        "decode: gen throughput 10.0 tok/s, running 0, queued 0"
-
-
-@pytest.mark.model
-def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
-    """`serve --tp 2`: rank 0 answers, rank 1 mirrors; greedy output equals `generate`; a stream
-    dropped early stops both ranks (the next request still completes); SIGTERM ends all."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.helpers import run_specdecode
-
-    question = "What is the capital of France?"
-    expected = json.loads(run_specdecode("generate", question, "--json", "--max-new-tokens", "24").stdout)["text"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", "--tp", "2", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        deadline = time.time() + 120
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert time.time() < deadline and proc.poll() is None, (tmp_path / "serve.log").read_text()
-                time.sleep(0.5)
-        model = client.models.list().data[0].id
-        ask = dict(model=model, messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0)
-        assert client.chat.completions.create(**ask).choices[0].message.content == expected
-        stream = client.chat.completions.create(**ask | {"max_tokens": 200, "stream": True})
-        next(iter(stream))
-        stream.close()  # rank 0 stops early: rank 1 must stop at the same step
-        assert client.chat.completions.create(**ask).choices[0].message.content == expected
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) is not None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()

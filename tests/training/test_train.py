@@ -11,12 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdecode.training.data import DataSet, draft_vocab, heldout_split
-from specdecode.io.checkpoints import load_drafter
-from specdecode.io.hf import load_hf_dir
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import eagle3_decode
-
+from specdecode.io.checkpoints import load_drafter
+from specdecode.io.hf import load_hf_dir
+from specdecode.training.dataset import DataSet, draft_vocab, heldout_split
 from tests.helpers import save_tiny_hf
 
 
@@ -131,8 +130,15 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
     same greedy samples (float64, tiny model): any gap would be a wiring or mask bug."""
     from specdecode.core.engine import baseline_decode
     from specdecode.core.speculative import SpecConfig
-    from specdecode.training.trainer import (TrainConfig, collate, needed_positions, simulated_accept_length, step_result,
-                                  target_batch, train, ttt_forward)
+    from specdecode.training.trainer import TrainConfig, train
+    from specdecode.training.ttt import (
+        collate,
+        needed_positions,
+        simulated_accept_length,
+        step_result,
+        target_batch,
+        ttt_forward,
+    )
 
     model_dir = tmp_path / "model"
     save_tiny_hf(model_dir, num_hidden_layers=4, vocab_size=101)

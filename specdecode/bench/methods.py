@@ -1,0 +1,164 @@
+"""What ``bench --methods`` and ``sweep`` measure: the method-string grammar (one parser) and
+the methods themselves. A method string is ``baseline``, ``hf`` or
+``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]``; ``eagle3`` with no parameters is
+``SpecConfig()``. EAGLE-3 methods get their decoder from the one factory,
+``runtime.decoders.build_decoder``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from specdecode.core.drafter import Eagle3Drafter
+from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder
+from specdecode.core.speculative import SpecConfig
+from specdecode.io.loading import LoadedModel
+from specdecode.runtime.decoders import DecoderSpec, build_decoder
+from specdecode.runtime.device import synchronize
+from specdecode.runtime.session import Session
+
+EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
+
+
+@dataclass
+class RunOutput:
+    token_ids: list[int]
+    elapsed_s: float
+    ttft_s: float
+    stats: dict = field(default_factory=dict)
+
+
+class Method(Protocol):
+    name: str
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput: ...
+
+
+class BaselineMethod:
+    """Our non-speculative decode: the reference every speedup is measured against
+    (or, given a decoder, any engine decoder: EAGLE-3 configurations)."""
+
+    def __init__(self, name: str, loaded: LoadedModel, decoder: TokenDecoder | None = None) -> None:
+        self.name = name
+        self.engine = Engine(loaded.model, loaded.tokenizer, decoder) if decoder else Engine(
+            loaded.model, loaded.tokenizer)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
+        return RunOutput(r.token_ids, r.elapsed_s, r.ttft_s, r.stats)
+
+
+class HFMethod:
+    """transformers' greedy ``generate`` on the same GGUF, dtype and threads (outside reference)."""
+
+    def __init__(self, name: str, loaded: LoadedModel, dtype: torch.dtype, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.name = name
+        self.device = device
+        src = loaded.source
+        kwargs = {"gguf_file": src.name} if src.is_file() else {}
+        path = src.parent if src.is_file() else src
+        model: Any = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+        self.model = model.to(device).eval()
+        self.eos = list(loaded.tokenizer.eos_token_ids)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        from transformers.generation.streamers import BaseStreamer
+
+        first: list[float] = []
+
+        class FirstToken(BaseStreamer):
+            calls = 0
+
+            def put(self, value):
+                FirstToken.calls += 1
+                if FirstToken.calls == 2:  # the first call carries the prompt
+                    first.append(time.perf_counter())
+
+            def end(self):
+                pass
+
+        x = torch.tensor([prompt_ids], device=self.device)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos[0],
+                                      streamer=FirstToken())
+        synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        return RunOutput(out[0, len(prompt_ids):].tolist(), elapsed, (first[0] if first else t0 + elapsed) - t0)
+
+
+def split_methods(text: str) -> list[str]:
+    """Split ``--methods`` on commas that start a new method (``eagle3:steps=2,topk=1,hf``)."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if out and "=" in part and ":" not in part:
+            out[-1] += "," + part  # a parameter of the method before
+        else:
+            out.append(part)
+    return out
+
+
+def parse_method(spec: str) -> tuple[str, dict[str, str]]:
+    """``name`` or ``name:key=value,key=value``."""
+    name, _, rest = spec.partition(":")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"method {spec!r}: expected key=value, got {item!r}")
+        params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def eagle3_method(steps: int, topk: int, draft_tokens: int | None = None) -> str:
+    """The method string of one EAGLE-3 configuration (what ``sweep`` measures)."""
+    return f"eagle3:steps={steps},topk={topk}" + ("" if draft_tokens is None else f",draft_tokens={draft_tokens}")
+
+
+def method_spec_config(spec: str) -> SpecConfig:
+    """The ``SpecConfig`` an ``eagle3[:...]`` method string names (``eagle3`` alone: ``SpecConfig()``)."""
+    name, params = parse_method(spec)
+    if name != "eagle3":
+        raise ValueError(f"method {spec!r} is not an eagle3 configuration")
+    unknown = set(params) - set(EAGLE3_KEYS) - {"drafter"}
+    if unknown:
+        raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; "
+                         f"use {', '.join(EAGLE3_KEYS)}, drafter")
+    try:
+        kwargs = {EAGLE3_KEYS[k]: int(v) for k, v in params.items() if k in EAGLE3_KEYS}
+    except ValueError:
+        raise ValueError(f"method {spec!r}: steps, topk and draft_tokens must be integers") from None
+    return SpecConfig(**kwargs)
+
+
+def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSpec:
+    """The ``DecoderSpec`` of an ``eagle3[:...]`` method; ``drafter=`` in the string wins over ``drafter_path``."""
+    config = method_spec_config(spec)
+    return DecoderSpec(drafter=parse_method(spec)[1].get("drafter") or drafter_path, config=config)
+
+
+def build_method(spec: str, session: Session, drafter_path: str | None = None,
+                 drafters: dict[str, Eagle3Drafter] | None = None) -> Method:
+    """``baseline``, ``hf``, or ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]``."""
+    name, params = parse_method(spec)
+    if name in ("baseline", "hf") and params:
+        raise ValueError(f"method {name!r} takes no parameters (got {params})")
+    if name == "baseline":
+        return BaselineMethod(spec, session.loaded)
+    if name == "hf":
+        return HFMethod(spec, session.loaded, session.dtype, session.device)
+    if name == "eagle3":
+        decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
+        if not decoder.is_speculative:
+            raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
+        return BaselineMethod(spec, session.loaded, decoder.decode)
+    raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N]")

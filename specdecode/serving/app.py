@@ -1,0 +1,169 @@
+"""`specdecode serve`'s app: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over one model.
+
+Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(server-sent events with ``stream: true``), ``GET /health``, ``GET /metrics`` (Prometheus).
+
+The model is not thread-safe, so one worker thread (``scheduler``) generates for one request
+at a time, taking requests first come, first served; the event loop never waits on the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hmac
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from specdecode.core.engine import Engine, TokenDecoder
+from specdecode.io.loading import LoadedModel
+from specdecode.serving.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
+from specdecode.serving.errors import APIError, install_error_handlers
+from specdecode.serving.handlers import ServerState, generate
+from specdecode.serving.metrics import Metrics, report_periodically
+from specdecode.serving.scheduler import Scheduler
+
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
+
+
+class _CountRequests:
+    """ASGI middleware: requests by route and status, counted when the status is sent
+    (so a client that has read a response always finds it in /metrics)."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in ROUTES else "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+        counted = False
+
+        async def send_counted(message) -> None:
+            nonlocal counted
+            if message["type"] == "http.response.start" and not counted:
+                counted = True
+                self.metrics.count_request(route, message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        except Exception:  # the app's catch-all answers 500 outside this middleware
+            if not counted:
+                self.metrics.count_request(route, 500)
+            raise
+
+
+def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
+               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None) -> FastAPI:
+    """The FastAPI app around one model and decoder; the worker starts with the app's lifespan.
+    ``engine``: anything with ``Engine.stream``'s signature to use instead (tensor parallel
+    serving passes rank 0's ``tp.MirroredEngine``)."""
+    model = loaded.model
+    spec_config = getattr(decoder, "config", None)
+    metrics = Metrics(max_depth=getattr(decoder, "max_depth", 0))
+    state = ServerState(
+        scheduler=Scheduler(engine or Engine(model, loaded.tokenizer, decoder), metrics, max_queued),
+        metrics=metrics,
+        # Request parsing runs on the event loop while the worker decodes: separate
+        # tokenizer objects keep the two threads from sharing one Rust tokenizer.
+        tokenizer=copy.deepcopy(loaded.tokenizer),
+        model_name=served_model_name,
+        vocab_size=model.config.vocab_size,
+        context=model.config.max_position_embeddings,
+        margin=getattr(spec_config, "num_draft_tokens", 0) or 0,
+        api_key=api_key or None,
+        max_body_bytes=max_body_bytes,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.scheduler.start()
+        reporter = asyncio.ensure_future(report_periodically(state.metrics, state.scheduler.load, log_interval_s))
+        try:
+            yield
+        finally:
+            reporter.cancel()
+            state.scheduler.close()
+            await asyncio.to_thread(state.scheduler.join, shutdown_wait_s)
+
+    # No /docs or /openapi.json: every route but /health sits behind the API key.
+    app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    app.add_middleware(_CountRequests, metrics=metrics)
+    install_error_handlers(app)
+    _add_routes(app, state)
+    return app
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    async def require_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
+            raise APIError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    protected = [Depends(require_key)]
+
+    def model_card() -> dict:
+        return {"id": state.model_name, "object": "model", "created": state.started, "owned_by": "specdecode"}
+
+    @app.get("/health")
+    async def health():
+        if state.scheduler.closing:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics", dependencies=protected)
+    async def metrics():
+        text = state.metrics.render(*state.scheduler.load())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models", dependencies=protected)
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=protected)
+    async def model(model_id: str):
+        if model_id != state.model_name:
+            raise APIError(404, f"the model '{model_id}' does not exist", param="model", code="model_not_found")
+        return model_card()
+
+    @app.post("/v1/completions", dependencies=protected)
+    async def completions(request: Request):
+        return await generate(request, state, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=protected)
+    async def chat_completions(request: Request):
+        return await generate(request, state, chat=True)
+
+
+class _GracefulServer(uvicorn.Server):
+    """On SIGTERM/SIGINT uvicorn stops accepting, waits for open requests, and only then
+    runs the app's shutdown. Closing the scheduler at the signal fails queued requests
+    at once (503) instead of generating them all first; the running one finishes."""
+
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+        super().__init__(config)
+        self.scheduler = scheduler
+
+    def handle_exit(self, sig, frame) -> None:
+        self.scheduler.close_soon()
+        super().handle_exit(sig, frame)
+
+
+def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *, shutdown_timeout_s: float = 30.0,
+                log_level: str = "info") -> uvicorn.Server:
+    """A uvicorn server for ``create_app``'s app (port 0: any free port)."""
+    # uvicorn waits float seconds (asyncio.wait_for) though its annotation says int
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=shutdown_timeout_s)  # type: ignore[arg-type]
+    return _GracefulServer(config, app.state.server.scheduler)

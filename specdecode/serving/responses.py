@@ -1,0 +1,120 @@
+"""Responses in OpenAI's shapes: whole (chat) completions, and server-sent event streams
+that end in ``data: [DONE]`` or, once the status line is sent, an in-band error event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi.responses import StreamingResponse
+
+from specdecode.serving.errors import APIError, client_gone
+from specdecode.serving.scheduler import Job, Scheduler
+
+
+@dataclass(frozen=True)
+class Shape:
+    """OpenAI's objects for one response: chat completion or text completion."""
+
+    chat: bool
+    model: str
+    id: str
+    created: int
+
+    @classmethod
+    def new(cls, chat: bool, model: str) -> Shape:
+        return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time()))
+
+    def _object(self, kind: str, choices: list[dict], usage: dict | None = None) -> dict:
+        out = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def full(self, text: str, finish: str, usage: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+            return self._object("chat.completion", [choice], usage)
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return self._object("text_completion", [choice], usage)
+
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
+        if self.chat:
+            delta = ({"role": "assistant", "content": ""} if role else {}) | (
+                {"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return self._object("chat.completion.chunk", [choice])
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return self._object("text_completion", [choice])
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return self._object("chat.completion.chunk" if self.chat else "text_completion", [], usage)
+
+
+def usage_of(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def stream_events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+    tokens = 0
+    try:
+        if shape.chat:
+            yield _sse(shape.chunk(role=True))
+        async for chunk in job.chunks():
+            tokens += len(chunk.token_ids)
+            if chunk.text:
+                yield _sse(shape.chunk(chunk.text))
+            if chunk.finish_reason:
+                yield _sse(shape.chunk(finish=chunk.finish_reason))
+        if include_usage:
+            yield _sse(shape.usage_chunk(usage_of(len(job.prompt_ids), tokens)))
+        yield "data: [DONE]\n\n"
+    except APIError as e:  # the status line is already sent: report in-band, as OpenAI does
+        yield _sse(e.body())
+
+
+class JobStream(StreamingResponse):
+    """A stream that cancels its job however the response ends, even when the client
+    left before the body iterator ever started (then no ``finally`` inside it runs)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _cancel_on_disconnect(scheduler: Scheduler, job: Job, receive) -> None:
+    # After the body is read, receive() returns only when the client disconnects.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scheduler.cancel(job)
+    job.events.put_nowait(client_gone())
+
+
+async def collect(scheduler: Scheduler, job: Job, shape: Shape, receive) -> dict:
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(scheduler, job, receive))
+    parts, tokens, finish = [], 0, "length"
+    try:
+        async for chunk in job.chunks():
+            parts.append(chunk.text)
+            tokens += len(chunk.token_ids)
+            finish = chunk.finish_reason or finish
+    finally:
+        watcher.cancel()
+        scheduler.cancel(job)
+    return shape.full("".join(parts), finish, usage_of(len(job.prompt_ids), tokens))

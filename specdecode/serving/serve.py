@@ -1,0 +1,58 @@
+"""Serving a started session: ``serve(session, decoder, ServeConfig(...))`` builds the app and
+runs uvicorn until a signal; under tensor parallelism rank 0 listens and the others mirror it."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+from pathlib import Path
+
+from specdecode.core.engine import Engine
+from specdecode.runtime.decoders import Decoder
+from specdecode.runtime.session import Session
+from specdecode.serving.app import create_app, make_server
+from specdecode.serving.config import ServeConfig
+from specdecode.serving.mirror import MirroredEngine, follow
+
+log = logging.getLogger(__name__)
+
+
+def default_model_name(source: Path) -> str:
+    """'smollm2-135m-instruct' for SmolLM2-135M-Instruct.Q4_1.gguf: the file or directory
+    name, lower case, without a GGUF quantization suffix."""
+    name = source.stem if source.suffix.lower() == ".gguf" else source.name
+    return re.sub(r"[.\-_](i?q\d\w*|bf16|f16|f32)$", "", name, flags=re.IGNORECASE).lower()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
+    """Serve ``decoder`` over HTTP until SIGTERM/SIGINT. On ranks > 0 of a tensor-parallel
+    group, run the jobs rank 0 broadcasts instead, until rank 0 shuts down."""
+    loaded = session.loaded
+    name = config.served_model_name or default_model_name(loaded.source)
+    if config.api_key is None and not is_loopback(config.host):
+        log.warning("listening on %s without an API key: anyone who can reach it can use it", config.host)
+    engine = Engine(loaded.model, loaded.tokenizer, decoder.decode, comm=session.comm)
+    if session.rank > 0:  # tensor parallel: only rank 0 listens; the others mirror its jobs
+        follow(engine)
+        return
+    ranks = session.world_size
+    mirrored = MirroredEngine(engine) if ranks > 1 else None
+    app = create_app(loaded, decoder.decode, name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                     max_queued=config.max_queued, log_interval_s=config.log_interval, engine=mirrored)
+    log.info("serving %s as '%s' with %s, %s, %d threads%s", loaded.source, name, decoder.description,
+             session.config.dtype, session.threads, f", tensor parallel over {ranks} ranks" if ranks > 1 else "")
+    try:
+        make_server(app, config.host, config.port, shutdown_timeout_s=config.shutdown_timeout).run()
+    finally:
+        if mirrored:
+            mirrored.shutdown()

@@ -1,0 +1,121 @@
+"""Held-out acceptance: estimated by the trainer from the training-time test (``evaluate``),
+and checked against what the engine measures on the same samples (``eval_drafter``,
+`specdecode eval-drafter`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from specdecode.core.drafter import Eagle3Drafter
+from specdecode.core.model import Transformer
+from specdecode.runtime.session import Session
+from specdecode.training.dataset import DataSet, draft_index
+from specdecode.training.ttt import (
+    collate,
+    needed_positions,
+    simulated_accept_length,
+    step_result,
+    target_batch,
+    ttt_forward,
+    ttt_loss,
+)
+
+if TYPE_CHECKING:
+    from specdecode.training.trainer import TrainConfig
+
+
+@dataclass
+class EvalResult:
+    step_acc: list[float] = field(default_factory=list)
+    step_loss: list[float] = field(default_factory=list)
+    accept_length: float = float("nan")  # simulated chain of ttt_steps on greedy held-out samples
+    accept_length_by_depth: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def evaluate(drafter: Eagle3Drafter, target: Transformer, ds: DataSet, rows: list[dict], cfg: TrainConfig,
+             aux: tuple[int, ...], t2d: torch.Tensor, t2d_index: torch.Tensor, tokens_mm: np.ndarray) -> EvalResult:
+    drafter.eval()
+    greedy = [i for i, r in enumerate(rows) if r.get("mode", "greedy") == "greedy"][:cfg.eval_samples]
+    losses, accs, weights = np.zeros(cfg.ttt_steps), np.zeros(cfg.ttt_steps), 0
+    sim = {d: [0, 0] for d in range(1, cfg.ttt_steps + 1)}
+    for s in range(0, len(greedy), 8):
+        idx = greedy[s:s + 8]
+        tokens, valid, loss_mask = collate(ds, rows, idx, cfg.max_len, tokens_mm)
+        tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+            outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
+            _, step_losses, step_accs, correct = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
+        losses += np.array(step_losses) * len(idx)
+        accs += np.array(step_accs) * len(idx)
+        weights += len(idx)
+        for d in sim:
+            t, c = simulated_accept_length(correct, valid, loss_mask, d)
+            sim[d][0] += t
+            sim[d][1] += c
+    drafter.train()
+    by_depth = {d: t / c for d, (t, c) in sim.items() if c}
+    return EvalResult(list(accs / max(weights, 1)), list(losses / max(weights, 1)),
+                      by_depth.get(cfg.ttt_steps, float("nan")), by_depth)
+
+
+# ---------------------------------------------------------------- trainer vs engine
+
+@dataclass(frozen=True)
+class EvalDrafterConfig:
+    """`specdecode eval-drafter`: a trained drafter on a data set's greedy held-out samples."""
+
+    data: str
+    drafter: str
+    depth: int = 4  # chain depth (num_steps)
+    samples: int = 40
+    max_len: int = 768
+
+
+def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
+    """Held-out acceptance two ways on the same greedy samples: simulated from the
+    training-time test (what the trainer reports) and measured by the engine (chain of
+    ``depth``). They must agree; a gap means wiring or mask bugs."""
+    from specdecode.core.engine import Engine, GenerateOptions
+    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+    from specdecode.io.checkpoints import load_drafter
+
+    ds = DataSet(cfg.data)
+    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"][:cfg.samples]
+    if not rows:
+        raise ValueError(f"{cfg.data}: no greedy held-out samples to evaluate on")
+    tokens_mm = ds.tokens()
+    target = session.loaded.model
+    drafter = load_drafter(cfg.drafter, target)
+    t2d = drafter.t2d.cpu()
+    t2d_index = draft_index(t2d)
+    aux = drafter.config.aux_layer_ids
+    depth = cfg.depth
+    sim_tokens = sim_cycles = 0
+    engine = Engine(target, session.loaded.tokenizer, Eagle3Decoder(drafter, SpecConfig(depth, 1)))
+    eng_tokens = eng_cycles = 0
+    same_text = 0
+    for r in rows:
+        tokens, valid, loss_mask = collate(ds, [r], [0], cfg.max_len, tokens_mm)
+        with torch.no_grad():
+            tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
+            outs = ttt_forward(drafter, tokens, valid, tb, depth)
+            correct = [step_result(drafter, h, tb, valid, loss_mask, j).correct for j, h in enumerate(outs)]
+        t, c = simulated_accept_length(correct, valid, loss_mask, depth)
+        sim_tokens, sim_cycles = sim_tokens + t, sim_cycles + c
+        start, end = r["loss_ranges"][0]
+        prompt = tokens[0, :start].tolist()
+        ref = tokens[0, start:min(end, tokens.shape[1])].tolist()
+        result = engine.generate(prompt, GenerateOptions(max_new_tokens=len(ref)))
+        same_text += result.token_ids == ref
+        if result.stats:
+            eng_tokens += result.stats["accept_length"] * result.stats["cycles"]
+            eng_cycles += result.stats["cycles"]
+    return {"samples": len(rows), "depth": depth, "dtype": session.config.dtype,
+            "trainer_accept_length": sim_tokens / max(sim_cycles, 1),
+            "engine_accept_length": eng_tokens / max(eng_cycles, 1),
+            "engine_reproduced_response": f"{same_text}/{len(rows)}"}

@@ -1,0 +1,91 @@
+"""core.lossless.check_lossless on a tiny float64 model: identical outputs with a random drafter,
+and a report that flags a decoder which deliberately differs (position and top-2 gap)."""
+
+import torch
+
+from specdecode.core.drafter import random_drafter
+from specdecode.core.engine import DecodeStep, baseline_decode
+from specdecode.core.lossless import DEFAULT_TOLERANCE, check_lossless, self_draft_decoder, top2_gap
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from tests.helpers import tiny_model
+
+PROMPTS = [("p0", "cat-a", [5, 17, 3, 42, 8]), ("p1", "cat-b", [1, 2, 3]), ("p2", "cat-a", [60, 61, 9, 9, 9, 30])]
+N = 16
+
+
+class DigitTokenizer:
+    """No stop tokens (every run uses its whole budget); text is the ids."""
+
+    eos_token_ids: tuple[int, ...] = ()
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def test_random_drafter_is_lossless():
+    model = tiny_model()
+    decoder = Eagle3Decoder(random_drafter(model, 60, seed=1), SpecConfig(3, 2, 6))
+    seen = []
+    report = check_lossless(model, DigitTokenizer(), lambda ids: decoder, PROMPTS, max_new_tokens=N,
+                            on_prompt=seen.append)
+    assert report.passed and not report.diverged and not report.bugs
+    assert report.identical == len(report.rows) == len(PROMPTS) == len(seen)
+    assert report.tolerance == DEFAULT_TOLERANCE
+    for row, (pid, cat, _) in zip(report.rows, PROMPTS, strict=True):
+        assert row["identical"] is True
+        assert (row["prompt_id"], row["category"], row["num_tokens"]) == (pid, cat, N)
+        assert row["accept_length"] >= 1.0
+    assert report.mean_accept_length is not None and report.mean_accept_length >= 1.0
+
+
+def test_self_draft_accepts_everything():
+    model = tiny_model()
+    config = SpecConfig(3, 1)
+    report = check_lossless(model, DigitTokenizer(), self_draft_decoder(model, config), PROMPTS[:2], max_new_tokens=N)
+    assert report.passed and report.identical == 2
+    assert all(r["accept_length"] > 1.0 for r in report.rows)
+
+
+def test_a_differing_decoder_is_reported_with_its_top2_gap():
+    model = tiny_model()
+    vocab = model.config.vocab_size
+    at = 5  # the token index this decoder changes (prompt p1 only)
+
+    def altered(model, prompt_ids, max_new_tokens, sampling, generator=None):
+        flip = list(prompt_ids) == PROMPTS[1][2]
+        for i, step in enumerate(baseline_decode(model, prompt_ids, max_new_tokens, sampling, generator)):
+            tok = step.tokens[0]
+            yield DecodeStep([(tok + 1) % vocab if flip and i == at else tok])
+
+    report = check_lossless(model, DigitTokenizer(), lambda ids: altered, PROMPTS, max_new_tokens=N)
+    assert report.identical == 2 and len(report.diverged) == 1
+    row = report.diverged[0]
+    assert row["prompt_id"] == "p1" and row["identical"] is False and row["first_divergence"] == at
+    base = [t for s in baseline_decode(model, PROMPTS[1][2], N, _greedy()) for t in s.tokens]
+    assert row["baseline_token"] == base[at] and row["spec_token"] == (base[at] + 1) % vocab
+    gap, top2 = top2_gap(model, PROMPTS[1][2] + base[:at])
+    assert row["top2_gap"] == gap and row["top2"] == top2 and top2[0] == base[at]
+    assert gap > DEFAULT_TOLERANCE  # not a near-tie: a bug, and the report fails
+    assert report.bugs == [row] and not report.passed
+    assert row["accept_length"] is None  # no speculative cycles: no accept length
+    assert report.mean_accept_length is None
+    # a tolerance above the gap would explain it as rounding
+    lenient = check_lossless(model, DigitTokenizer(), lambda ids: altered, PROMPTS[1:2], max_new_tokens=N,
+                             tolerance=gap + 1.0)
+    assert len(lenient.diverged) == 1 and lenient.passed
+
+
+def _greedy():
+    from specdecode.core.sampling import SamplingParams
+
+    return SamplingParams()
+
+
+def test_top2_gap_is_the_logit_margin():
+    model = tiny_model()
+    ids = [5, 17, 3]
+    gap, top2 = top2_gap(model, ids)
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids]), torch.arange(3), model.new_cache(1, 3)).logits[0, -1]
+    values, indices = logits.float().topk(2)  # top2_gap measures in fp32
+    assert top2 == indices.tolist() and abs(gap - float(values[0] - values[1])) < 1e-12 and gap >= 0

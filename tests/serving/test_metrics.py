@@ -1,0 +1,55 @@
+"""The server's metrics: the Prometheus text of /metrics (rendered by ``io.prometheus`` and
+read back by its parser) and the periodic decode log line."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdecode.io.prometheus import Family, Sample, format_value, parse_prometheus, render_prometheus
+from specdecode.serving.metrics import Metrics, Snapshot, decode_log_line
+
+
+def test_decode_log_line():
+    a = Snapshot(0.0, 0, 0, 0, 0)
+    b = Snapshot(10.0, 412, 100, 300, 171)
+    assert decode_log_line(a, b, 1, 3) == \
+        "decode: accept len 2.71, accept rate 0.57, gen throughput 41.2 tok/s, running 1, queued 3"
+    assert decode_log_line(a, Snapshot(2.0, 20, 0, 0, 0), 0, 0) == \
+        "decode: gen throughput 10.0 tok/s, running 0, queued 0"
+
+
+def test_metrics_text_round_trips_through_the_parser():
+    m = Metrics(max_depth=3)
+    m.count_request("/v1/completions", 200)
+    m.count_request("/v1/completions", 200)
+    m.count_request("other", 404)
+    m.count_prompt(17)
+    m.count_tokens(5, 0.03, None)
+    m.count_tokens(3, None, 0.0123)
+    m.spec.cycles, m.spec.drafted, m.spec.accepted = 4, 12, 7
+    m.spec.depth_hist.update({0: 1, 2: 2, 3: 1})
+    text = m.render(1, 2)
+    assert text.endswith("\n") and "# TYPE specdecode_time_to_first_token_seconds histogram" in text
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in parse_prometheus(text)}
+    assert got["specdecode_requests_total", (("route", "/v1/completions"), ("status", "200"))] == 2
+    assert got["specdecode_requests_running", ()] == 1 and got["specdecode_requests_queued", ()] == 2
+    assert got["specdecode_generation_tokens_total", ()] == 8
+    assert got["specdecode_time_to_first_token_seconds_bucket", (("le", "0.05"),)] == 1
+    assert got["specdecode_time_to_first_token_seconds_bucket", (("le", "+Inf"),)] == 1
+    assert got["specdecode_time_per_output_token_seconds_count", ()] == 3
+    assert [got["specdecode_spec_accepted_per_position_total", (("position", str(i)),)] for i in (1, 2, 3)] == \
+        [3, 3, 1]
+    assert "specdecode_prompt_tokens_total 17\n" in text  # integers stay integers
+
+
+@pytest.mark.parametrize("value,text", [(3, "3"), (0.25, "0.25"), (0.0, "0.0"), (float("inf"), "+Inf"),
+                                        (float("-inf"), "-Inf"), (float("nan"), "NaN")])
+def test_format_value(value, text):
+    assert format_value(value) == text
+
+
+def test_labels_are_escaped_and_parsed_back():
+    family = Family("x_total", "counter", "Things.", [Sample("x_total", {"path": 'a"b\\c\nd'}, 1)])
+    text = render_prometheus([family])
+    assert text == '# HELP x_total Things.\n# TYPE x_total counter\nx_total{path="a\\"b\\\\c\\nd"} 1\n'
+    assert parse_prometheus(text) == [Sample("x_total", {"path": 'a"b\\c\nd'}, 1.0)]

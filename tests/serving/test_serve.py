@@ -1,0 +1,76 @@
+"""`specdecode serve` end to end: its flags (``cli/serve.py``), the served model's name, and
+the real server under tensor parallelism in a fresh process (``serving/serve.py``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from specdecode.serving.serve import default_model_name
+from tests.helpers import run_specdecode
+
+
+def test_serve_cli_arguments():
+    from specdecode.cli.main import build_parser, main
+    from specdecode.cli.serve import run
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.api_key, args.func) == ("127.0.0.1", 8000, None, run)
+    assert args.max_body_bytes == 1 << 20 and not args.no_spec
+    args = build_parser().parse_args(["serve", "--port", "9001", "--api-key", "k", "--served-model-name", "m",
+                                      "--drafter", "random", "--num-steps", "3"])
+    assert (args.port, args.api_key, args.served_model_name, args.drafter, args.num_steps) == \
+        (9001, "k", "m", "random", 3)
+    assert main(["serve", "--port", "70000"]) == 2  # rejected before any model is loaded
+
+
+def test_default_model_name():
+    assert default_model_name(Path("/x/SmolLM2-135M-Instruct.Q4_1.gguf")) == "smollm2-135m-instruct"
+    assert default_model_name(Path("/x/Qwen2.5-0.5B-Instruct")) == "qwen2.5-0.5b-instruct"
+    assert default_model_name(Path("/x/llama-3-8b-Q4_K_M.gguf")) == "llama-3-8b"
+
+
+@pytest.mark.model
+def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
+    """`serve --tp 2`: rank 0 answers, rank 1 mirrors; greedy output equals `generate`; a stream
+    dropped early stops both ranks (the next request still completes); SIGTERM ends all."""
+    question = "What is the capital of France?"
+    expected = json.loads(run_specdecode("generate", question, "--json", "--max-new-tokens", "24").stdout)["text"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(tmp_path / "serve.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", "--tp", "2", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        deadline = time.time() + 120
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert time.time() < deadline and proc.poll() is None, (tmp_path / "serve.log").read_text()
+                time.sleep(0.5)
+        model = client.models.list().data[0].id
+        ask = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 24,
+               "temperature": 0}
+        assert client.chat.completions.create(**ask).choices[0].message.content == expected
+        stream = client.chat.completions.create(**ask | {"max_tokens": 200, "stream": True})
+        next(iter(stream))
+        stream.close()  # rank 0 stops early: rank 1 must stop at the same step
+        assert client.chat.completions.create(**ask).choices[0].message.content == expected
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,49 @@
+"""Training prompts: read through specdecode.io.prompts, identified by content, Spec-Bench refused."""
+
+import json
+
+import pytest
+
+from specdecode.training.data import SPEC_BENCH_HINT, dedupe, prompt_id, read_prompt_file
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_every_chat_format_is_read_and_identified_by_content(tmp_path):
+    path = write_jsonl(tmp_path / "seeds.jsonl", [
+        {"id": "seed_task_0", "instruction": "Sort these", "instances": [{"input": "3 1 2"}, {"input": "b a"},
+                                                                          {"input": "z y"}]},
+        {"instruction": "Say hi", "input": ""},
+        {"prompt": "What is 2+2?"},
+        {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi!"}]},
+    ])
+    records = read_prompt_file(path)
+    texts = [r.messages[-1]["content"] for r in records]
+    assert texts == ["Sort these\n\n3 1 2", "Sort these\n\nb a", "Say hi", "What is 2+2?", "Hello"]
+    assert all(r.source == "seeds" for r in records)
+    assert records[-1].messages == ({"role": "user", "content": "Hello"},)  # the target writes the answers
+    assert records[3].id == prompt_id(({"role": "user", "content": "  what IS   2+2? "},))  # normalized
+
+
+def test_dedupe_keeps_the_first_of_each_prompt(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Same"}, {"prompt": " same "}, {"prompt": "Other"}])
+    assert [r.messages[0]["content"] for r in dedupe(read_prompt_file(path))] == ["Same", "Other"]
+
+
+def test_spec_bench_is_refused(tmp_path):
+    by_name = write_jsonl(tmp_path / "spec_bench_question.jsonl", [{"prompt": "x"}])
+    with pytest.raises(ValueError, match=SPEC_BENCH_HINT):
+        read_prompt_file(by_name)
+    by_rows = write_jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "category": "qa", "turns": ["Why?"]}])
+    with pytest.raises(ValueError, match="q.jsonl:1: looks like Spec-Bench"):
+        read_prompt_file(by_rows)
+
+
+def test_raw_text_and_unknown_rows_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="no chat turn to answer"):
+        read_prompt_file(write_jsonl(tmp_path / "t.jsonl", [{"text": "raw"}]))
+    with pytest.raises(ValueError, match="u.jsonl:1: expected a"):
+        read_prompt_file(write_jsonl(tmp_path / "u.jsonl", [{"question": "?"}]))
