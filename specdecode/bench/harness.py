@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -217,7 +217,9 @@ def measure(bench: LocalBench, reference: tuple[str, list[dict]] | None = None,
     categories = sorted({r["category"] for r in records})
     by_category = {cat: summarize([r for r in records if r["category"] == cat], specs) for cat in categories}
     meta = {"model": str(bench.session.loaded.source), "max_new_tokens": c.max_new_tokens, "runs": c.runs,
-            "by_category": by_category}
+            "by_category": by_category,
+            "spec_configs": {m.name: asdict(cfg) for m in bench.methods
+                             if (cfg := getattr(m, "spec_config", None)) is not None}}
     if c.op_profile:
         base = next((m for m in bench.methods if isinstance(m, BaselineMethod)), None) or BaselineMethod(
             "baseline", bench.session.loaded)

@@ -41,8 +41,10 @@ class BaselineMethod:
     """Our non-speculative decode: the reference every speedup is measured against
     (or, given a decoder, any engine decoder: EAGLE-3 configurations)."""
 
-    def __init__(self, name: str, loaded: LoadedModel, decoder: TokenDecoder | None = None) -> None:
+    def __init__(self, name: str, loaded: LoadedModel, decoder: TokenDecoder | None = None,
+                 spec_config: SpecConfig | None = None) -> None:
         self.name = name
+        self.spec_config = spec_config  # what an EAGLE-3 method measures (recorded with the run)
         self.engine = Engine(loaded.model, loaded.tokenizer, decoder) if decoder else Engine(
             loaded.model, loaded.tokenizer)
 
@@ -160,5 +162,5 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
         if not decoder.is_speculative:
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
-        return BaselineMethod(spec, session.loaded, decoder.decode)
+        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config)
     raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N]")

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config, spec_config
+from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,12 +38,13 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
 
     console = Console(stderr=True)
+    spec = decoder_spec(args)  # bad flags are refused before the model loads
     session = start(runtime_config(args))
     model, tokenizer = session.loaded.model, session.loaded.tokenizer
     if args.self_draft:
-        method, decoder_for = "self-draft", self_draft_decoder(model, spec_config(args))
+        method, decoder_for = "self-draft", self_draft_decoder(model, spec.config)
     else:
-        decoder = build_decoder(decoder_spec(args), session)
+        decoder = build_decoder(spec, session)
         if not decoder.is_speculative:
             raise ValueError("nothing to check: no drafter (pass --drafter PATH, --drafter random or --self-draft)")
         method = decoder.description

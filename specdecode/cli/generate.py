@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 
 from specdecode.cli.common import (
     add_model_args,
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
 
     err = Console(stderr=True)
+    spec = decoder_spec(args)  # bad flags are refused before the model loads
     t0 = time.perf_counter()
     session = start(runtime_config(args))
     load_s = time.perf_counter() - t0
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_ids = tok.encode_chat(messages)
     options = GenerateOptions(max_new_tokens=args.max_new_tokens, sampling=sampling_params(args),
                               stop=tuple(args.stop))
-    decoder = build_decoder(decoder_spec(args), session)
+    decoder = build_decoder(spec, session)
     engine = Engine(session.loaded.model, tok, decoder.decode, comm=session.comm)
 
     if args.json:
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     record = result.to_dict() | {
         "method": decoder.description, "model": str(session.loaded.source), "dtype": args.dtype,
         "device": str(session.device), "threads": session.threads, "load_s": load_s,
-        "spec_config": (vars(decoder.config).copy() if decoder.config else None)}
+        "spec_config": asdict(decoder.config) if decoder.config else None}
     if args.launch_profile:
         from specdecode.bench.profiles import load_profile
 

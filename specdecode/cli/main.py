@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tp = getattr(args, "tensor_parallel", 1)  # `launch --tp` is the engine's, not ours
         if tp > 1 or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and hasattr(args, "tensor_parallel")):
-            from specdecode.runtime.tp import WORKER_ENV, init_from_env, spawn
+            from specdecode.runtime.distributed import WORKER_ENV, init_from_env, spawn
 
             if args.command not in TP_COMMANDS:
                 raise ValueError(f"`specdecode {args.command}` does not run tensor parallel (--tp works with "

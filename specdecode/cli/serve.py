@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = serve_config(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = decoder_spec(args)  # bad flags are refused before the model loads
     session = start(runtime_config(args))
-    serve(session, build_decoder(decoder_spec(args), session), config)
+    serve(session, build_decoder(spec, session), config)
     return 0

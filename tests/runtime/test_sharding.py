@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from specdecode.runtime.tp import apply_tensor_parallel, split_sizes
+from specdecode.runtime.sharding import apply_tensor_parallel, split_sizes
 from tests.helpers import run_specdecode, tiny_model
 
 PROMPT = [5, 17, 3, 42, 8, 11, 29]
@@ -50,7 +50,7 @@ def test_split_sizes():
 def test_two_ranks_match_one_process(tmp_path):
     """Uneven split (3 KV-head groups over 2 ranks, 97 MLP rows), float64: logits equal to 1e-10,
     greedy and speculative (tree) outputs identical."""
-    from specdecode.runtime.tp import free_port
+    from specdecode.runtime.distributed import free_port
 
     ref_logits, ref_greedy, ref_spec = _reference_run(
         tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97))
