@@ -3,12 +3,24 @@ speed per method for ``report``."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 from specdecode.bench.store import Run
 
+PLOTS_EXTRA_HINT = "PNG plots need matplotlib: pip install 'specdecode[plots]'"
 
-def _pyplot():
+
+def plots_available() -> bool:
+    """matplotlib is an optional extra (``specdecode[plots]``): measuring never depends on it."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot, headless; a ValueError naming the extra when it is not installed."""
+    if not plots_available():
+        raise ValueError(PLOTS_EXTRA_HINT)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,8 +30,11 @@ def _pyplot():
 
 
 def sweep_plots(result: dict, out_dir: Path) -> list[Path]:
-    """Throughput vs steps, phase breakdown, verify cost vs tokens, acceptance by position."""
-    plt = _pyplot()
+    """Throughput vs steps, phase breakdown, verify cost vs tokens, acceptance by position
+    (none without matplotlib: the measurements are in sweep.json either way)."""
+    if not plots_available():
+        return []
+    plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = result["configs"]
     paths = []
@@ -75,7 +90,9 @@ def speed_plot(run: Run, out_dir: Path) -> Path | None:
     rows = [s for s in run.summary if "tok_per_s_median" in s]
     if not rows:
         return None
-    plt = _pyplot()
+    if not plots_available():
+        return None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rows) + 2), 3.6))
     med = [s["tok_per_s_median"] for s in rows]
     lo = [m - s.get("tok_per_s_min", m) for m, s in zip(med, rows, strict=True)]

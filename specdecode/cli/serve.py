@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.serving.serve import serve
 
     config = serve_config(args)
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise ValueError("the server needs FastAPI and uvicorn: pip install 'specdecode[serve]'")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = decoder_spec(args)  # bad flags are refused before the model loads
     session = start(runtime_config(args))

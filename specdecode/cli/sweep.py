@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from specdecode.bench.plots import PLOTS_EXTRA_HINT, plots_available
 from specdecode.bench.sweep import SweepConfig
 from specdecode.cli.common import add_model_args, add_store_args
 
@@ -133,5 +134,6 @@ def sweep_one(args: argparse.Namespace, config: SweepConfig, runtime: Any, out: 
                       f"{best['speedup']:.2f}x measured ({100 * gap:+.1f}%)")
     console.print(f"best: {result['best']}; verify ms by tokens verified: "
                   + ", ".join(f"{n}: {v:.1f}" for n, v in result["verify_ms_by_tokens"].items()))
-    console.print(f"wrote {path} and {len(result['plots'])} plots")
+    console.print(f"wrote {path} and {len(result['plots'])} plots"
+                  + ("" if plots_available() else f" ({PLOTS_EXTRA_HINT})"))
     return result

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdecode.bench.plots import pyplot
+
 
 def collect(run_dirs: list[str]) -> list[dict]:
     rows = []
@@ -36,11 +38,7 @@ def markdown(rows: list[dict], depths: tuple[int, ...] = (2, 3, 4, 5)) -> str:
 
 
 def plot(rows: list[dict], out: Path, depths: tuple[int, ...] = (2, 3, 4, 5)) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for d in depths:
         pts = [(r["samples"], r["accept_length_by_depth"][d]) for r in rows if d in r["accept_length_by_depth"]]
