@@ -13,7 +13,14 @@ from specdecode.cli.common import spec_config
 from specdecode.core.speculative import SpecConfig
 from specdecode.integrations.export import ENGINES
 
-LAUNCH_TOPK = 1  # a chain by default: vLLM's EAGLE-3 proposes chains only
+VLLM_TOPK = 1  # vLLM's EAGLE-3 proposes chains only: its default branching
+
+
+def launch_spec(args: argparse.Namespace) -> SpecConfig:
+    """SpecConfig() for SGLang; for vLLM the same with topk 1 (the only shape it drafts)."""
+    if args.topk is None and args.engine == "vllm":
+        args = argparse.Namespace(**vars(args) | {"topk": VLLM_TOPK})
+    return spec_config(args)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,10 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-spec", action="store_true", help="launch without speculative decoding (a baseline)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--num-steps", type=int, default=None, help=f"draft depth (default {d.num_steps}, SpecConfig's)")
-    p.add_argument("--topk", type=int, default=LAUNCH_TOPK, help=f"branching per draft step (default {LAUNCH_TOPK}: "
-                                                                 "a chain, the only shape vLLM drafts)")
+    p.add_argument("--topk", type=int, default=None,
+                   help=f"branching per draft step (default: SGLang {d.topk}, SpecConfig's; vLLM {VLLM_TOPK}, the "
+                        "only shape it drafts)")
     p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="tree nodes verified, root included (default: every drafted node)")
+                   help=f"tree nodes verified, root included (default: SpecConfig's rule, {d.num_draft_tokens} "
+                        "for the default)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--launch-profile", default=None, metavar="NAME", help="environment to launch the engine with")
@@ -48,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.integrations.launch import LaunchConfig, plan_launch, record_launch
 
     cfg = LaunchConfig(engine=args.engine, model=args.model, drafter=args.drafter, speculative=not args.no_spec,
-                       tp=args.tp, spec=spec_config(args), host=args.host, port=args.port,
+                       tp=args.tp, spec=launch_spec(args), host=args.host, port=args.port,
                        launch_profile=args.launch_profile, engine_args=tuple(shlex.split(args.engine_args)),
                        dry_run=args.dry_run)
     plan = plan_launch(cfg)
