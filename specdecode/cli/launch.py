@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 
-from specdecode.cli.common import spec_config
+from specdecode.cli.common import add_store_args, spec_config
 from specdecode.core.speculative import SpecConfig
 from specdecode.integrations.export import ENGINES
 
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--launch-profile", default=None, metavar="NAME", help="environment to launch the engine with")
-    p.add_argument("--store", default=None, help="results store for the launch record")
+    add_store_args(p, writes=False)  # the launch is always recorded
     p.add_argument("--dry-run", action="store_true", help="print the environment and command; run nothing")
     p.add_argument("--engine-args", default="", help="more arguments for the engine, one shell-quoted string, "
                                                      "e.g. \"--mem-fraction-static 0.8\"")

@@ -1,12 +1,20 @@
 """The server's metrics: the Prometheus text of /metrics (rendered by ``io.prometheus`` and
-read back by its parser) and the periodic decode log line."""
+read back by its parser), the periodic decode log line, and /metrics of a served model adding up
+the same speculative cycles the engine measures."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
+from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.profiler import SpecProfile
+from specdecode.core.selfdraft import SelfDrafter
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.prometheus import Family, Sample, format_value, parse_prometheus, render_prometheus
+from specdecode.serving.app import create_app
 from specdecode.serving.metrics import Metrics, Snapshot, decode_log_line
+from tests.serving.helpers import NAME, Running, scrape
 
 
 def test_decode_log_line():
@@ -53,3 +61,33 @@ def test_labels_are_escaped_and_parsed_back():
     text = render_prometheus([family])
     assert text == '# HELP x_total Things.\n# TYPE x_total counter\nx_total{path="a\\"b\\\\c\\nd"} 1\n'
     assert parse_prometheus(text) == [Sample("x_total", {"path": 'a"b\\c\nd'}, 1.0)]
+
+
+def test_spec_metrics_match_engine_profile(loaded, tokenizer):
+    """/metrics adds up the same cycles the engine measures, here with a self-drafter
+    (the target proposing its own tokens) so that accepted positions are non-zero."""
+    ids = tokenizer.encode("Counting: one, two, three,")
+    decoder = Eagle3Decoder(SelfDrafter(loaded.model, loaded.model, ids[0]), SpecConfig(3, 1))
+    profile = SpecProfile()
+    tokens = sum(len(c.token_ids) for c in Engine(loaded.model, loaded.tokenizer, decoder).stream(
+        ids, GenerateOptions(40), profile))
+    assert profile.accepted > 0
+    running = Running(create_app(loaded, decoder, NAME))
+    try:
+        r = httpx.post(running.url + "/v1/completions",
+                       json={"model": NAME, "prompt": ids, "max_tokens": 40, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == tokens
+        m = scrape(httpx.Client(base_url=running.url))
+    finally:
+        running.stop()
+    assert m["specdecode_spec_cycles_total"] == profile.cycles
+    assert m["specdecode_spec_draft_tokens_total"] == profile.drafted
+    assert m["specdecode_spec_accepted_tokens_total"] == profile.accepted
+    for i in (1, 2, 3):
+        reached = sum(c for a, c in profile.depth_hist.items() if a >= i)
+        assert m[f'specdecode_spec_accepted_per_position_total{{position="{i}"}}'] == reached
+    assert m["specdecode_generation_tokens_total"] == tokens
+    assert m['specdecode_requests_total{route="/v1/completions",status="200"}'] == 1
+    phases = {p: m[f'specdecode_spec_phase_seconds_total{{phase="{p}"}}']
+              for p in ("draft", "verify", "extend", "other")}
+    assert all(v > 0 for v in phases.values())

@@ -1,0 +1,99 @@
+"""The app's routes (``serving/app.py``) on the real uvicorn server around a tiny random model with
+the SmolLM2 tokenizer, driven by the official openai client and raw HTTP: health, models, auth,
+completions and chat (plain and streamed), unknown routes and methods."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from specdecode.core.engine import baseline_decode
+from specdecode.core.sampling import SamplingParams
+from tests.serving.helpers import CHAT, COMPLETIONS, KEY, MSG, NAME, chat_ids, error_of, expected, post
+
+
+def test_health_models_and_auth(server, client):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # no key needed
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert client.models.retrieve(NAME).id == NAME
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/completions"),
+                             ("POST", "/v1/chat/completions")):
+            r = httpx.request(method, server.url + path, headers=headers, json={"model": NAME, "prompt": "x"})
+            assert r.status_code == 401, (path, headers)
+            assert r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_chat_matches_engine(client, loaded, decoder, tokenizer):
+    want = expected(loaded, decoder, chat_ids(tokenizer, "What is 2+2?"), 20)
+    r = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "What is 2+2?"}],
+                                       max_tokens=20, temperature=0)
+    assert r.object == "chat.completion" and r.model == NAME and r.id.startswith("chatcmpl-")
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (want.prompt_tokens, want.num_tokens)
+    assert r.usage.total_tokens == want.prompt_tokens + want.num_tokens
+
+
+def test_chat_stream_matches_engine(client, loaded, decoder, tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
+    want = expected(loaded, decoder, tokenizer.encode_chat(messages), 24)
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [want.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.num_tokens
+    assert chunks[-1].usage.prompt_tokens == want.prompt_tokens
+
+
+def test_completion_raw_text_matches_engine_and_baseline(client, loaded, decoder, tokenizer):
+    prompt = "The capital of France is"
+    want = expected(loaded, decoder, tokenizer.encode(prompt), 16)
+    # speculative greedy decoding is lossless: the baseline gives the same tokens
+    assert expected(loaded, baseline_decode, tokenizer.encode(prompt), 16).token_ids == want.token_ids
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert r.usage.completion_tokens == want.num_tokens
+    streamed = list(client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == want.text
+    assert streamed[-1].choices[0].finish_reason == want.finish_reason
+    # token ids as the prompt, and OpenAI's default of 16 tokens
+    r = client.completions.create(model=NAME, prompt=tokenizer.encode(prompt), temperature=0)
+    assert r.choices[0].text == want.text
+
+
+def test_stop_strings_and_seeded_sampling(client, loaded, decoder, tokenizer):
+    ids = tokenizer.encode("Once upon a time")
+    full = expected(loaded, decoder, ids, 30).text
+    stop = full[10:13]
+    want = expected(loaded, decoder, ids, 30, stop=[stop])
+    for stops in (stop, [stop, "\u2603never"]):
+        r = client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=30, temperature=0, stop=stops)
+        assert r.choices[0].text == want.text and r.choices[0].finish_reason == "stop"
+        assert stop not in r.choices[0].text
+    sampling = SamplingParams(0.9, 0, 0.95, 1234)
+    want = expected(loaded, decoder, ids, 12, sampling=sampling)
+    texts = [client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=12, temperature=0.9,
+                                       top_p=0.95, seed=1234).choices[0].text for _ in range(2)]
+    assert texts == [want.text, want.text]
+
+
+def test_unknown_model_is_404(http, client):
+    err = error_of(post(http, CHAT, {"model": "gpt-17", "messages": MSG}), 404)
+    assert err["param"] == "model" and err["code"] == "model_not_found" and "gpt-17" in err["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-17", prompt="x")
+    error_of(http.get("/v1/models/gpt-17"), 404)
+    error_of(http.get("/no/such/route"), 404)
+
+
+def test_unsupported_method_is_openai_shaped(http):
+    err = error_of(http.get(COMPLETIONS), 405)
+    assert err["type"] == "invalid_request_error"

@@ -1,0 +1,147 @@
+"""The scheduler (``serving/scheduler.py``) under load and through a request's lifecycle: client
+disconnects free the slot, graceful shutdown finishes the running job and fails the queued ones,
+and many concurrent streaming clients."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.serving.helpers import CHAT, COMPLETIONS, CONTEXT, KEY, MSG, NAME, SPEC, delta, scrape, sse_events
+
+
+def test_client_disconnect_mid_stream_frees_the_slot(slow_server, caplog):
+    caplog.set_level(logging.INFO, logger="specdecode.serving.metrics")
+    base = slow_server.url
+    before = scrape(httpx.Client(base_url=base))
+    budget = CONTEXT - 20
+    body = {"model": NAME, "prompt": "Tell me a long story", "max_tokens": budget, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=base, timeout=30) as c, c.stream("POST", COMPLETIONS, json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        seen = [next(lines) for _ in range(12)]  # some events, then hang up
+        assert any(line.startswith("data: ") for line in seen)
+    # a full generation takes budget * STEP_S = 9.4 s; the next request must not wait for it
+    t0 = time.monotonic()
+    r = httpx.post(base + COMPLETIONS, json={"model": NAME, "prompt": "Hi", "max_tokens": 3, "temperature": 0},
+                   timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"]
+    assert time.monotonic() - t0 < 5.0
+    after = scrape(httpx.Client(base_url=base))
+    assert delta(before, after, "specdecode_generation_tokens_total") < budget / 2
+    assert after["specdecode_requests_running"] == 0 and after["specdecode_requests_queued"] == 0
+    assert any(re.match(r"decode: gen throughput [\d.]+ tok/s, running \d, queued \d", m)
+               for m in caplog.messages), caplog.messages
+
+
+def test_non_stream_disconnect_cancels_the_job(slow_server):
+    base = slow_server.url
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.5 s of 8 s
+        httpx.post(base + COMPLETIONS, json={"model": NAME, "prompt": "Hi", "max_tokens": 200, "temperature": 0},
+                   timeout=0.5)
+    t0 = time.monotonic()
+    r = httpx.post(base + COMPLETIONS, json={"model": NAME, "prompt": "Hi", "max_tokens": 3, "temperature": 0},
+                   timeout=30)
+    assert r.status_code == 200 and time.monotonic() - t0 < 4.0
+    m = scrape(httpx.Client(base_url=base))
+    assert m['specdecode_requests_total{route="/v1/completions",status="499"}'] == 1
+    assert m["specdecode_generation_tokens_total"] < 100
+
+
+def test_graceful_shutdown_finishes_running_and_fails_queued(slow_server):
+    base = slow_server.url
+    results: dict[str, object] = {}
+
+    def running_stream():
+        with httpx.stream("POST", base + CHAT, timeout=30, json={
+                "model": NAME, "messages": MSG, "max_tokens": 60, "temperature": 0, "stream": True}) as r:
+            results["running"] = sse_events(r.iter_lines())
+
+    def queued_plain():
+        results["queued_plain"] = httpx.post(base + COMPLETIONS, timeout=30, json={
+            "model": NAME, "prompt": "Hi", "max_tokens": 5})
+
+    def queued_stream():
+        with httpx.stream("POST", base + COMPLETIONS, timeout=30, json={
+                "model": NAME, "prompt": "Hi", "max_tokens": 5, "stream": True}) as r:
+            results["queued_stream"] = (r.status_code, sse_events(r.iter_lines()))
+
+    threads = [threading.Thread(target=running_stream)]
+    threads[0].start()
+    http = httpx.Client(base_url=base)
+    deadline = time.monotonic() + 10
+    while scrape(http)["specdecode_requests_running"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    threads += [threading.Thread(target=queued_plain), threading.Thread(target=queued_stream)]
+    for t in threads[1:]:
+        t.start()
+    while scrape(http)["specdecode_requests_queued"] != 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    slow_server.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
+    for t in threads:
+        t.join(30)
+    slow_server.thread.join(30)
+    assert not slow_server.thread.is_alive()
+
+    events = results["running"]
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    plain = results["queued_plain"]
+    assert plain.status_code == 503 and plain.json()["error"]["code"] == "shutting_down"
+    status, events = results["queued_stream"]
+    assert status == 200 and events[-1]["error"]["code"] == "shutting_down" and "[DONE]" not in events
+
+
+def test_load_16_concurrent_streaming_clients(server, http, tokenizer):
+    clients, per_client = 16, 4
+    before = scrape(http)
+
+    async def one(c: httpx.AsyncClient, i: int, k: int) -> dict:
+        chat = (i + k) % 2 == 0
+        body = {"model": NAME, "max_tokens": 4 + (i * 7 + k) % 9, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if chat:
+            body["messages"] = [{"role": "user", "content": f"Client {i} request {k}"}]
+        else:
+            body["prompt"] = f"Client {i} request {k}:"
+        async with c.stream("POST", CHAT if chat else COMPLETIONS, json=body) as r:
+            assert r.status_code == 200
+            events = sse_events([line async for line in r.aiter_lines()])
+        assert events[-1] == "[DONE]"
+        chunks = [e for e in events[:-1] if e["choices"]]
+        finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"][0]["finish_reason"]]
+        assert finishes in (["stop"], ["length"]) and chunks[-1]["choices"][0]["finish_reason"]
+        usage = events[-2]["usage"]
+        assert usage["completion_tokens"] <= body["max_tokens"]
+        return {"chat": chat, **usage}
+
+    async def client_loop(i: int) -> list[dict]:
+        async with httpx.AsyncClient(base_url=http.base_url, headers={"Authorization": f"Bearer {KEY}"},
+                                     timeout=120) as c:
+            return [await one(c, i, k) for k in range(per_client)]
+
+    async def main():
+        return await asyncio.gather(*(client_loop(i) for i in range(clients)))
+
+    results = [u for per in asyncio.run(main()) for u in per]
+    assert len(results) == clients * per_client
+    after = scrape(http)
+    chats = sum(r["chat"] for r in results)
+    assert delta(before, after, 'specdecode_requests_total{route="/v1/chat/completions",status="200"}') == chats
+    assert delta(before, after, 'specdecode_requests_total{route="/v1/completions",status="200"}') == \
+        len(results) - chats
+    assert delta(before, after, "specdecode_generation_tokens_total") == sum(r["completion_tokens"] for r in results)
+    assert delta(before, after, "specdecode_prompt_tokens_total") == sum(r["prompt_tokens"] for r in results)
+    assert delta(before, after, "specdecode_time_to_first_token_seconds_count") == len(results)
+    assert delta(before, after, "specdecode_spec_cycles_total") > 0
+    assert delta(before, after, "specdecode_spec_draft_tokens_total") == \
+        SPEC.max_depth * delta(before, after, "specdecode_spec_cycles_total")
+    assert after["specdecode_requests_running"] == 0 and after["specdecode_requests_queued"] == 0
