@@ -34,12 +34,18 @@ Convention = Literal["sglang", "vllm"]
 CONVENTION_KEY = "specdecode_aux_layer_id_convention"  # our marker inside eagle_config
 
 
+AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
 def config_to_hf(config: DrafterConfig, convention: Convention = "sglang") -> dict[str, Any]:
-    """config.json. Aux ids are written in ``convention`` (SGLang's, by default: ids are
-    layer outputs) and the convention is recorded beside them."""
+    """config.json. Aux ids are written where each engine reads them: under ``eagle_config`` (SGLang)
+    in ``convention`` (SGLang's by default: id = output of layer id) with the convention recorded
+    beside them, and at the top level (upstream vLLM reads only there) in vLLM's convention (id =
+    input of layer id). Both name the same layers, so one file wires both engines alike."""
     c = config.layer
     shift = 1 if convention == "sglang" else 0
-    return {
+    ids = [i - shift for i in config.aux_layer_ids]
+    return {AUX_IDS_KEY: list(config.aux_layer_ids)} | {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
         "hidden_act": "silu",
@@ -58,7 +64,7 @@ def config_to_hf(config: DrafterConfig, convention: Convention = "sglang") -> di
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": [i - shift for i in config.aux_layer_ids],
+            AUX_IDS_KEY: ids,
             "use_aux_hidden_state": True,
             CONVENTION_KEY: convention,
         },
@@ -93,8 +99,29 @@ def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "conf
         raise DrafterMismatchError(f"{source}: missing required field {e.args[0]!r}") from None
     draft_vocab = int(cfg.get("draft_vocab_size") or layer.vocab_size)
     target_hidden = int(cfg.get("target_hidden_size") or hidden)
-    aux = resolve_aux_layer_ids(cfg.get("eagle_config") or {}, target, source, convention)
+    aux = resolve_all_aux_ids(cfg, target, source, convention)
     return DrafterConfig(layer, draft_vocab, target_hidden, aux)
+
+
+def resolve_all_aux_ids(cfg: dict[str, Any], target: ModelConfig, source: str,
+                        convention: Convention | None) -> tuple[int, ...]:
+    """The taps a config.json names, wherever it names them: ``eagle_config`` (SGLang's place,
+    read in the recorded or given convention) and the top level (vLLM's place, so vLLM's
+    convention: id = input of layer id). Both present must name the same layers: a file wired
+    two ways is wrong for one engine."""
+    nested = cfg.get("eagle_config") or {}
+    top = cfg.get(AUX_IDS_KEY)
+    if not top:
+        return resolve_aux_layer_ids(nested, target, source, convention)
+    top_taps = resolve_aux_layer_ids({AUX_IDS_KEY: top, CONVENTION_KEY: "vllm"}, target, source, None)
+    if not nested.get(AUX_IDS_KEY):
+        return top_taps
+    taps = resolve_aux_layer_ids(nested, target, source, convention)
+    if taps != top_taps:
+        raise DrafterMismatchError(
+            f"{source}: the top-level {AUX_IDS_KEY} {list(top)} (read by vLLM as layer inputs) tap layers "
+            f"{list(top_taps)}, but eagle_config's tap {list(taps)}: fix the file so that both name the same layers")
+    return taps
 
 
 def resolve_aux_layer_ids(eagle_config: dict[str, Any], target: ModelConfig, source: str,

@@ -109,7 +109,9 @@ def test_aux_ids_beyond_target_layers(saved):
 
 def test_ambiguous_aux_ids_warn_loudly(saved, target, caplog):
     _, path = saved
-    edit_config(path, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 2]})
+    # a file from elsewhere: ids in eagle_config only, no convention marker
+    edit_config(path, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 2]},
+                eagle_aux_hidden_state_layer_ids=None)
     with caplog.at_level(logging.WARNING):
         d = load_drafter(path, target)
     assert "--aux-layer-convention vllm" in caplog.text
@@ -119,7 +121,7 @@ def test_ambiguous_aux_ids_warn_loudly(saved, target, caplog):
 
 def test_no_aux_ids_means_defaults(saved, target):
     _, path = saved
-    edit_config(path, eagle_config=None)
+    edit_config(path, eagle_config=None, eagle_aux_hidden_state_layer_ids=None)
     assert load_drafter(path, target).config.aux_layer_ids == (2, 3, 3)
 
 
@@ -190,3 +192,31 @@ def test_bf16_save_is_small_and_loads(saved, target, tmp_path):
     state = load_file(str(tmp_path / "bf16" / "model.safetensors"))
     assert state["fc.weight"].dtype == torch.bfloat16 and state["d2t"].dtype == torch.int64
     assert load_drafter(tmp_path / "bf16", target).dtype == torch.float64  # cast to the target's dtype
+
+
+def test_ids_are_written_where_each_engine_reads_them(tmp_path, target):
+    """Upstream vLLM reads eagle_aux_hidden_state_layer_ids only from the top level of config.json (as
+    layer inputs); SGLang from eagle_config (as layer outputs, +1). Every export names the same layers
+    in both places, whatever convention eagle_config uses."""
+    drafter = random_drafter(target, draft_vocab_size=40, seed=1)
+    taps = list(drafter.config.aux_layer_ids)
+    for convention, nested in (("vllm", taps), ("sglang", [i - 1 for i in taps])):
+        save_drafter(drafter, tmp_path / convention, convention=convention)
+        cfg = json.loads((tmp_path / convention / "config.json").read_text())
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == taps  # vLLM's place and reading
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == nested
+        assert cfg["eagle_config"]["specdecode_aux_layer_id_convention"] == convention
+        assert load_drafter(tmp_path / convention, target).config.aux_layer_ids == drafter.config.aux_layer_ids
+
+
+def test_top_level_aux_ids_alone_are_read_as_vllm_does(saved, target):
+    _, path = saved
+    edit_config(path, eagle_config=None, eagle_aux_hidden_state_layer_ids=[1, 2, 2])
+    assert load_drafter(path, target).config.aux_layer_ids == (1, 2, 2)  # vLLM: id = input of layer id
+
+
+def test_aux_ids_that_disagree_between_engines_are_refused(saved, target):
+    _, path = saved  # eagle_config: SGLang ids [1, 2, 2], i.e. taps entering layers 2, 3, 3
+    edit_config(path, eagle_aux_hidden_state_layer_ids=[1, 2, 2])  # vLLM would tap 1, 2, 2
+    with pytest.raises(DrafterMismatchError, match="both name the same layers"):
+        load_drafter(path, target)
