@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specdecode.bench.harness import measure, prepare_bench, profile_contradictions, stored_baseline
     from specdecode.bench.store import ResultsStore, Run, new_run_id, now
-    from specdecode.cli.common import runtime_config
-    from specdecode.cli.runs import save_and_report
+    from specdecode.cli.common import runtime_config, save_and_report
     from specdecode.runtime.session import start
 
     console = Console(stderr=True)
@@ -126,7 +125,7 @@ def run_remote(args: argparse.Namespace, console: Any) -> int:
 
     from specdecode.bench.remote.benchmark import EndpointConfig, bench_endpoint
     from specdecode.bench.store import ResultsStore
-    from specdecode.cli.runs import save_and_report
+    from specdecode.cli.common import save_and_report
     from specdecode.runtime.distributed import is_main_process
 
     if args.baseline_from or args.op_profile:

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specdecode.bench.comm import comm_run, human, run_comm_bench
     from specdecode.bench.store import ResultsStore
-    from specdecode.cli.runs import save_and_report
+    from specdecode.cli.common import save_and_report
 
     backend, rows = run_comm_bench(args.world, args.sizes, args.iters, args.warmup, args.backend, args.dtype)
     table = Table(title=f"all-reduce, {backend}, {args.world} ranks, {args.dtype} (slowest rank, median of "

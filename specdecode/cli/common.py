@@ -87,9 +87,7 @@ def spec_config(args: argparse.Namespace) -> SpecConfig:
     d = _DEFAULT_SPEC
     steps = d.num_steps if args.num_steps is None else args.num_steps
     topk = d.topk if args.topk is None else args.topk
-    if args.num_draft_tokens is None and steps == d.num_steps and topk == d.topk:
-        return d
-    return SpecConfig(steps, topk, args.num_draft_tokens)
+    return SpecConfig(steps, topk, args.num_draft_tokens)  # draft tokens None: SpecConfig's rule
 
 
 def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
@@ -99,3 +97,11 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+
+
+def save_and_report(run: Any, store: Any, out: str | None, console: Any) -> None:
+    """Save ``run`` (``bench.store.save_run``) and say where it went."""
+    from specdecode.bench.store import save_run
+
+    where = save_run(run, store, out)
+    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")

@@ -1,10 +1,8 @@
-"""`specdecode runs`: list the runs in the results store; and how every measuring command
-says where its run was saved."""
+"""`specdecode runs`: list the runs in the results store."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from specdecode.cli.common import add_store_args
 
@@ -33,10 +31,3 @@ def run(args: argparse.Namespace) -> int:
     Console(width=170).print(table)
     return 0
 
-
-def save_and_report(run: Any, store: Any, out: str | None, console: Any) -> None:
-    """Save ``run`` (``bench.store.save_run``) and say where it went."""
-    from specdecode.bench.store import save_run
-
-    where = save_run(run, store, out)
-    console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")

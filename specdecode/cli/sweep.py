@@ -97,7 +97,7 @@ def sweep_one(args: argparse.Namespace, config: SweepConfig, runtime: Any, out: 
     from specdecode.bench.harness import profile_contradictions
     from specdecode.bench.store import ResultsStore
     from specdecode.bench.sweep import SweepPlan, write_sweep
-    from specdecode.cli.runs import save_and_report
+    from specdecode.cli.common import save_and_report
     from specdecode.runtime.session import start
 
     session = start(runtime)

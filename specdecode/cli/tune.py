@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.bench.profiles import save_profile
     from specdecode.bench.store import ResultsStore
     from specdecode.bench.tune import child_command, plan, point_label, tune
-    from specdecode.cli.runs import save_and_report
+    from specdecode.cli.common import save_and_report
 
     console = Console(stderr=True)
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
