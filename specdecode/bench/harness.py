@@ -85,7 +85,8 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             b = base.get((r["prompt_id"], r["run"])) or base_any.get(r["prompt_id"])
             if b:
                 ratios.append(r["tok_per_s"] / b["tok_per_s"])
-                matches.append(r["token_ids"] == b["token_ids"])
+                if r["token_ids"] is not None and b["token_ids"] is not None:
+                    matches.append(r["token_ids"] == b["token_ids"])
         speedup, lo, hi = geomean_ci(ratios)
         rows.append({
             "method": m, "samples": len(rs),
@@ -93,8 +94,11 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
             "tok_per_s_max": max(speeds),
             "ms_per_token_median": statistics.median(1000 * r["elapsed_s"] / r["num_tokens"] for r in rs),
             "ttft_ms_median": statistics.median(1000 * r["ttft_s"] for r in rs),
+            # time per output token after the first (prefill excluded): what serving overhead adds to
+            "tpot_ms_median": statistics.median(1000 * (r["elapsed_s"] - r["ttft_s"]) / max(r["num_tokens"] - 1, 1)
+                                                for r in rs),
             "speedup": speedup, "speedup_ci95": [lo, hi],
-            "outputs_match_baseline": f"{sum(matches)}/{len(matches)}",
+            "outputs_match_baseline": f"{sum(matches)}/{len(matches)}" if matches else "n/a",
         })
         spec = [r for r in rs if r.get("cycles")]
         if spec:
@@ -110,7 +114,7 @@ def op_profile(method: BaselineMethod, prompt_ids: list[int], max_new_tokens: in
         out = method.run(prompt_ids, max_new_tokens)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events) or 1
-    return [{"op": e.key, "self_ms_per_token": e.self_cpu_time_total / 1000 / len(out.token_ids),
+    return [{"op": e.key, "self_ms_per_token": e.self_cpu_time_total / 1000 / out.count,
              "share": e.self_cpu_time_total / total, "calls": e.count} for e in events[:rows]]
 
 
@@ -153,7 +157,7 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[Prompt], encode
             k = (i + run) % len(methods)
             for m in methods[k:] + methods[:k]:  # rotate the order: no method always goes first
                 out = m.run(ids, max_new_tokens)
-                n = max(len(out.token_ids), 1)
+                n = out.count
                 records.append({
                     "method": m.name, "run": run, "prompt_id": prompt.id, "category": prompt.category,
                     "prompt_tokens": len(ids), "num_tokens": n, "token_ids": out.token_ids,

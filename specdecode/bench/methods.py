@@ -1,11 +1,13 @@
 """What ``bench --methods`` and ``sweep`` measure: the method-string grammar (one parser) and
-the methods themselves. A method string is ``baseline``, ``hf`` or
-``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]``; ``eagle3`` with no parameters is
+the methods themselves. A method string is ``baseline``, ``hf``,
+``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or ``served:url=URL[,model=NAME]`` (a
+running server, measured over HTTP with the same token ids); ``eagle3`` with no parameters is
 ``SpecConfig()``. EAGLE-3 methods get their decoder from the one factory,
 ``runtime.decoders.build_decoder``."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,10 +27,15 @@ EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_
 
 @dataclass
 class RunOutput:
-    token_ids: list[int]
+    token_ids: list[int] | None  # None: not known (a server that sends only text)
     elapsed_s: float
     ttft_s: float
     stats: dict = field(default_factory=dict)
+    num_tokens: int | None = None  # when token_ids is None: the count the server reported
+
+    @property
+    def count(self) -> int:
+        return max(len(self.token_ids) if self.token_ids is not None else self.num_tokens or 0, 1)
 
 
 class Method(Protocol):
@@ -96,6 +103,38 @@ class HFMethod:
         return RunOutput(out[0, len(prompt_ids):].tolist(), elapsed, (first[0] if first else t0 + elapsed) - t0)
 
 
+class ServedMethod:
+    """A server as one method of a local bench: each prompt's token ids go to its
+    ``/v1/completions`` (streamed, greedy, ``return_token_ids``), timed on the client side and
+    interleaved with the local methods, so ``served`` vs ``baseline`` is the serving overhead."""
+
+    def __init__(self, name: str, url: str, model: str | None = None, api_key: str | None = None,
+                 timeout_s: float = 300.0) -> None:
+        import httpx
+
+        from specdecode.bench.remote.run import list_models, normalize_endpoint
+
+        self.name = name
+        self.base = normalize_endpoint(url)
+        self.timeout_s = timeout_s
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
+        self.model = model or list_models(self.base, api_key, min(timeout_s, 30.0), self.client)[0]
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        from specdecode.bench.remote.request import RequestResult, _stream_one
+
+        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+        res = RequestResult("", "")
+        _stream_one(self.client, self.base + "/v1/completions", body, self.headers, "completions", self.timeout_s,
+                    res, time.perf_counter())
+        if not res.ok or res.ttft_s is None:
+            raise RuntimeError(f"method {self.name}: the request to {self.base} failed: {res.error}")
+        return RunOutput(res.token_ids, res.latency_s, res.ttft_s, {"tokens_source": res.tokens_source},
+                         num_tokens=res.completion_tokens)
+
+
 def split_methods(text: str) -> list[str]:
     """Split ``--methods`` on commas that start a new method (``eagle3:steps=2,topk=1,hf``)."""
     out: list[str] = []
@@ -150,7 +189,8 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
 
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
                  drafters: dict[str, Eagle3Drafter] | None = None) -> Method:
-    """``baseline``, ``hf``, or ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]``."""
+    """``baseline``, ``hf``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
+    ``served:url=URL[,model=NAME]``."""
     name, params = parse_method(spec)
     if name in ("baseline", "hf") and params:
         raise ValueError(f"method {name!r} takes no parameters (got {params})")
@@ -163,4 +203,14 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         if not decoder.is_speculative:
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
         return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config)
-    raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N]")
+    if name == "served":
+        if "url" not in params or set(params) - {"url", "model"}:
+            raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
+        from specdecode.bench.remote.run import RemoteError
+
+        try:
+            return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
+        except RemoteError as e:
+            raise ValueError(f"method {spec!r}: {e} (is the server running?)") from None
+    raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N], "
+                     "served:url=URL")

@@ -143,15 +143,15 @@ def run_remote(args: argparse.Namespace, console: Any) -> int:
                             f"runs, {args.max_new_tokens} new tokens, concurrency {args.concurrency}",
                             result.summary))
     table = Table(title="remote: per run (client-side timing; server's speculative counters as deltas)")
-    for col in ("run", "ok/requests", "output tok/s", "TTFT ms med/p90/p99", "TPOT ms", "ITL ms med/p90/p99",
-                "server accept len", "accept rate", "per position"):
+    for col in ("run", "ok/requests", "output tok/s", "tokens from", "TTFT ms med/p90/p99", "TPOT ms",
+                "ITL ms med/p90/p99", "server accept len", "accept rate", "per position"):
         table.add_column(col, justify="right")
     for s in result.remote:
         spec = s["server_spec"] or {}
         f = lambda *keys, s=s: "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in keys)  # noqa: E731
         table.add_row(str(s["run"]), f"{s['ok']}/{s['requests']}",
                       "-" if s["output_tok_per_s"] is None else f"{s['output_tok_per_s']:.1f}",
-                      f("ttft_ms_median", "ttft_ms_p90", "ttft_ms_p99"),
+                      s["tokens_source"] or "-", f("ttft_ms_median", "ttft_ms_p90", "ttft_ms_p99"),
                       "-" if s["tpot_ms_median"] is None else f"{s['tpot_ms_median']:.1f}",
                       f("itl_ms_median", "itl_ms_p90", "itl_ms_p99"),
                       "-" if spec.get("accept_length") is None else f"{spec['accept_length']:.2f}",
@@ -162,6 +162,8 @@ def run_remote(args: argparse.Namespace, console: Any) -> int:
     if result.failed:
         console.print(f"{result.failed} failed request(s): " + "; ".join(f"{v}x {k}" for k, v in result.errors.items()),
                       style="bold red", markup=False)
+    for hint in result.hints:
+        console.print("note: " + hint, style="yellow", markup=False, highlight=False, soft_wrap=True)
     if is_main_process():
         save_and_report(result.to_run(), None if args.no_store else ResultsStore(args.store), args.out, console)
     return 0 if not result.failed else 1
@@ -172,13 +174,18 @@ def _fmt_speedup(row: dict) -> str:
     return f"{row['speedup']:.2f}x" + ("" if math.isnan(lo) else f" ({lo:.2f}-{hi:.2f})")
 
 
-SUMMARY_COLUMNS = ("tok/s median", "min", "max", "ms/token", "TTFT ms", "speedup (95% CI)", "accept len",
-                   "accept rate", "same output")
+def _fmt_opt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+SUMMARY_COLUMNS = ("tok/s median", "min", "max", "ms/token", "TPOT ms", "TTFT ms", "speedup (95% CI)",
+                   "accept len", "accept rate", "same output")
 
 
 def _summary_cells(row: dict) -> list[str]:
     return [f"{row['tok_per_s_median']:.1f}", f"{row['tok_per_s_min']:.1f}", f"{row['tok_per_s_max']:.1f}",
-            f"{row['ms_per_token_median']:.1f}", f"{row['ttft_ms_median']:.0f}", _fmt_speedup(row),
+            f"{row['ms_per_token_median']:.1f}", _fmt_opt(row.get("tpot_ms_median"), ".1f"),
+            f"{row['ttft_ms_median']:.0f}", _fmt_speedup(row),
             f"{row['accept_length']:.2f}" if "accept_length" in row else "-",
             f"{row['accept_rate']:.2f}" if "accept_rate" in row else "-", row["outputs_match_baseline"]]
 

@@ -8,6 +8,7 @@ it too.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,18 @@ from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
 DEFAULT_TOLERANCE = 1e-3  # fp32: a larger top-2 gap at a divergence is a bug, not rounding
+# The largest top-2 logit gap at which a divergence counts as rounding, per dtype. bf16: 0.5,
+# from a measurement (benchmarks/results/check-default-bf16.json: the shipped drafter, 1 step,
+# top-2, on 78 Spec-Bench prompts x 64 tokens): 40 runs diverged, every one at a gap of at most
+# 0.25, two bf16 rounding steps at logits of 16-32; 0.5 leaves twice that.
+TOLERANCES = {torch.float64: DEFAULT_TOLERANCE, torch.float32: DEFAULT_TOLERANCE, torch.bfloat16: 0.5}
+
+
+def default_tolerance(dtype: torch.dtype) -> float:
+    """The measured near-tie tolerance of ``dtype`` (see ``TOLERANCES``)."""
+    if dtype not in TOLERANCES:
+        raise ValueError(f"no measured near-tie tolerance for {dtype}; pass one explicitly (--tolerance)")
+    return TOLERANCES[dtype]
 
 
 def top2_gap(model: Transformer, ids: Sequence[int]) -> tuple[float, list[int]]:
@@ -74,6 +87,21 @@ class LosslessReport:
     def passed(self) -> bool:
         return not self.bugs
 
+    def agreement(self) -> dict[str, Any]:
+        """How far speculative output agrees with the baseline, for any dtype: prompts identical,
+        where the others first diverged (token index, mean and median), and the target's top-2
+        logit gap there (median and max: how close to a tie each flip was)."""
+        diverged = self.diverged
+        firsts = sorted(r["first_divergence"] for r in diverged)
+        gaps = sorted(r["top2_gap"] for r in diverged)
+        tokens = sum(r["num_tokens"] for r in self.rows)
+        return {"prompts": len(self.rows), "identical": self.identical, "tokens": tokens,
+                "mean_first_divergence": statistics.fmean(firsts) if firsts else None,
+                "median_first_divergence": statistics.median(firsts) if firsts else None,
+                "median_top2_gap": statistics.median(gaps) if gaps else None,
+                "max_top2_gap": gaps[-1] if gaps else None,
+                "tolerance": self.tolerance, "above_tolerance": len(self.bugs)}
+
 
 def self_draft_decoder(model: Transformer, config: SpecConfig) -> Callable[[Sequence[int]], TokenDecoder]:
     """Per prompt: EAGLE-3 with the target drafting for itself (every proposal must be accepted)."""
@@ -82,14 +110,15 @@ def self_draft_decoder(model: Transformer, config: SpecConfig) -> Callable[[Sequ
 
 def check_lossless(model: Transformer, tokenizer: Tokenizer, decoder_for: Callable[[Sequence[int]], TokenDecoder],
                    prompts: Sequence[tuple[str, str, Sequence[int]]], max_new_tokens: int = 64,
-                   tolerance: float = DEFAULT_TOLERANCE,
+                   tolerance: float | None = None,
                    on_prompt: Callable[[dict[str, Any]], None] | None = None) -> LosslessReport:
     """Greedy baseline vs speculative decoding on each ``(prompt_id, category, token_ids)``;
     ``decoder_for(ids)`` gives the speculative decoder of a prompt (``lambda ids: decoder``, or
-    ``self_draft_decoder(...)``, whose drafter depends on the prompt)."""
+    ``self_draft_decoder(...)``, whose drafter depends on the prompt). ``tolerance``: the largest
+    top-2 gap at a divergence that counts as rounding (default: the model dtype's, ``TOLERANCES``)."""
     options = GenerateOptions(max_new_tokens=max_new_tokens)
     base_engine = Engine(model, tokenizer, baseline_decode)
-    report = LosslessReport(tolerance=tolerance)
+    report = LosslessReport(tolerance=default_tolerance(model.dtype) if tolerance is None else tolerance)
     for prompt_id, category, ids in prompts:
         base = base_engine.generate(ids, options)
         spec = Engine(model, tokenizer, decoder_for(ids)).generate(ids, options)

@@ -5,7 +5,10 @@ start here, so they cannot set up differently."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -13,6 +16,8 @@ from specdecode.io.loading import LoadedModel, load_model, parse_dtype
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.sharding import CommMeter, apply_tensor_parallel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,22 @@ class Session:
     def is_main(self) -> bool:
         """Rank 0 (or the only process): the one that prints and stores results."""
         return self.rank == 0
+
+
+def on_passing_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread that ends when it returns (its exception propagates).
+
+    For a process whose model runs on a thread other than the one that loaded it (the server:
+    the event loop on the main thread, generation on a worker). Torch's OpenMP runtime on CPU
+    (libgomp) keeps a team of spinning worker threads for every thread that ran a parallel op,
+    and once it manages more threads than there are cores it throttles their spin-waiting,
+    for every team: each parallel region then waits on a futex wake-up. Measured here (bf16,
+    2 threads, 64 new tokens, decode on a worker thread, two processes of each, alternated):
+    34-35 ms per token when the model was loaded on a thread that had ended, 45-47 ms when it
+    was loaded on the main thread. A team ends with its thread, so loading here leaves the
+    decoding thread the only team."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-load") as pool:
+        return pool.submit(fn).result()
 
 
 def start(config: RuntimeConfig) -> Session:

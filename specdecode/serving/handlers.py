@@ -126,7 +126,8 @@ async def generate(request: Request, state: ServerState, chat: bool) -> JSONResp
     budget = _max_new_tokens(requested, param, len(prompt_ids), prompt_param, state, default)
     job = state.scheduler.submit(prompt_ids, generate_options(req, budget))
     shape = Shape.new(chat, state.model_name)
+    ids = bool(req.return_token_ids)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return JobStream(stream_events(job, shape, include_usage), lambda: state.scheduler.cancel(job))
-    return JSONResponse(await collect(state.scheduler, job, shape, request.receive))
+        return JobStream(stream_events(job, shape, include_usage, ids), lambda: state.scheduler.cancel(job))
+    return JSONResponse(await collect(state.scheduler, job, shape, request.receive, ids))

@@ -35,21 +35,24 @@ class Shape:
             out["usage"] = usage
         return out
 
-    def full(self, text: str, finish: str, usage: dict) -> dict:
+    def full(self, text: str, finish: str, usage: dict, token_ids: list[int] | None = None) -> dict:
+        ids = {} if token_ids is None else {"token_ids": token_ids}
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+                      "finish_reason": finish} | ids
             return self._object("chat.completion", [choice], usage)
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish} | ids
         return self._object("text_completion", [choice], usage)
 
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> dict:
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
+              token_ids: list[int] | None = None) -> dict:
+        ids = {} if token_ids is None else {"token_ids": token_ids}
         if self.chat:
             delta = ({"role": "assistant", "content": ""} if role else {}) | (
                 {"content": text} if text is not None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish} | ids
             return self._object("chat.completion.chunk", [choice])
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish} | ids
         return self._object("text_completion", [choice])
 
     def usage_chunk(self, usage: dict) -> dict:
@@ -64,15 +67,17 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def stream_events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+async def stream_events(job: Job, shape: Shape, include_usage: bool,
+                        token_ids: bool = False) -> AsyncIterator[str]:
+    """``token_ids``: every chunk that brings tokens carries their ids (even when its text is held back)."""
     tokens = 0
     try:
         if shape.chat:
             yield _sse(shape.chunk(role=True))
         async for chunk in job.chunks():
             tokens += len(chunk.token_ids)
-            if chunk.text:
-                yield _sse(shape.chunk(chunk.text))
+            if chunk.text or (token_ids and chunk.token_ids):
+                yield _sse(shape.chunk(chunk.text, token_ids=chunk.token_ids if token_ids else None))
             if chunk.finish_reason:
                 yield _sse(shape.chunk(finish=chunk.finish_reason))
         if include_usage:
@@ -106,15 +111,17 @@ async def _cancel_on_disconnect(scheduler: Scheduler, job: Job, receive) -> None
     job.events.put_nowait(client_gone())
 
 
-async def collect(scheduler: Scheduler, job: Job, shape: Shape, receive) -> dict:
+async def collect(scheduler: Scheduler, job: Job, shape: Shape, receive, token_ids: bool = False) -> dict:
     watcher = asyncio.ensure_future(_cancel_on_disconnect(scheduler, job, receive))
-    parts, tokens, finish = [], 0, "length"
+    parts: list[str] = []
+    ids: list[int] = []
+    finish = "length"
     try:
         async for chunk in job.chunks():
             parts.append(chunk.text)
-            tokens += len(chunk.token_ids)
+            ids += chunk.token_ids
             finish = chunk.finish_reason or finish
     finally:
         watcher.cancel()
         scheduler.cancel(job)
-    return shape.full("".join(parts), finish, usage_of(len(job.prompt_ids), tokens))
+    return shape.full("".join(parts), finish, usage_of(len(job.prompt_ids), len(ids)), ids if token_ids else None)

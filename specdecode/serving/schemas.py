@@ -44,6 +44,7 @@ class GenerationBody(_Body):
     best_of: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None  # vLLM's extension: each choice carries its token ids
 
 
 class CompletionBody(GenerationBody):

@@ -17,9 +17,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from specdecode.bench.remote import (
     RemoteError,
     SSEDecoder,
+    identify_server,
     list_models,
     measure_endpoint,
     normalize_endpoint,
+    short_model_id,
     spec_delta,
     summarize_run,
 )
@@ -28,6 +30,7 @@ from specdecode.io.prometheus import parse_prometheus
 from specdecode.io.prompts import Prompt
 
 TOKENS = ["Hello", ",", " world", "!", " Bye"]
+LLAMA_CPP_MODEL = "/home/someone/models/smollm2-135m-instruct-q4_1-a-long-file-name.gguf"
 
 
 @dataclass
@@ -38,6 +41,10 @@ class StubConfig:
     keepalive: bool = True  # ": keepalive" comments, "event:" lines, empty-choices chunks
     metrics: str = "specdecode"  # specdecode | vllm | sglang | none
     api_key: str | None = None
+    # llama-cpp-python's ways (read from its server): /v1/models lists the GGUF path owned by
+    # "me" with "permissions"; include_usage is ignored; with interrupt_requests (its default)
+    # a running stream gets [DONE] right after a chunk once another request is waiting
+    llama_cpp_python: bool = False
     requests: list = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -57,6 +64,9 @@ def make_app(cfg: StubConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        if cfg.llama_cpp_python:
+            return {"object": "list", "data": [{"id": LLAMA_CPP_MODEL, "object": "model", "owned_by": "me",
+                                                "permissions": []}]}
         return {"object": "list", "data": [{"id": "stub-model", "object": "model"}, {"id": "other"}]}
 
     async def generate(request: Request, api: str):
@@ -64,7 +74,7 @@ def make_app(cfg: StubConfig) -> FastAPI:
         cfg.requests.append(body)
         if cfg.api_key and request.headers.get("authorization") != f"Bearer {cfg.api_key}":
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
-        if body.get("model") != "stub-model":
+        if body.get("model") != (LLAMA_CPP_MODEL if cfg.llama_cpp_python else "stub-model"):
             return JSONResponse({"error": {"message": f"model {body.get('model')!r} not found"}},
                                 status_code=404)
         text = body["messages"][-1]["content"] if api == "chat" else body["prompt"]
@@ -88,6 +98,11 @@ def make_app(cfg: StubConfig) -> FastAPI:
             try:
                 if api == "chat":
                     yield sse(chunk(role=True))  # vLLM's role-only first chunk: not a token
+                if cfg.llama_cpp_python:
+                    await asyncio.sleep(cfg.first_delay)  # the other request arrives meanwhile
+                    if cfg.in_flight > 1:
+                        yield "data: [DONE]\n\n"
+                        return
                 if cfg.keepalive:
                     yield ": keepalive\n\n"
                 if "KEEPALIVE_FOREVER" in text:
@@ -110,7 +125,7 @@ def make_app(cfg: StubConfig) -> FastAPI:
                     yield "event: error\n" + sse({"error": {"message": "engine died"}})
                     return
                 yield sse(chunk(None if api == "chat" else "", finish="length"))
-                if cfg.usage:
+                if cfg.usage and not cfg.llama_cpp_python:
                     yield sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n,
                                                         "total_tokens": 7 + n}})
                 # per request: 4 cycles, 16 drafted, 8 accepted (positions 4, 2, 1, 1), counted
@@ -342,13 +357,52 @@ def test_failures_are_counted_not_raised(stub):
     assert by["p1"].status == 500 and "HTTP 500" in by["p1"].error and "boom" in by["p1"].error
     assert by["p2"].status == 200 and by["p2"].error  # connection dropped mid-stream
     assert by["p2"].text == "Hello,"  # what arrived before the cut is kept
-    assert "[DONE]" in by["p3"].error
+    assert by["p2"].error.endswith("after 4 chunk(s), 2 with content")  # role, 2 tokens, an empty-choices chunk
+    assert by["p3"].error == ("stream cut short: it ended (connection closed) without [DONE] and no finish_reason "
+                              "after 4 chunk(s), 2 with content")
     assert "engine died" in by["p4"].error
+    assert any("cut short" in h and "interrupt_requests" not in h for h in summarize_run(run)["hints"])
     s = summarize_run(run)
     assert s["requests"] == 6 and s["ok"] == 2 and s["failed"] == 4 and sum(s["errors"].values()) == 4
     assert s["completion_tokens"] == 10  # failed requests do not count
     recs = run.records("remote")
     assert [r["prompt_id"] for r in recs] == ["p0", "p5"]
+
+
+def test_llama_cpp_python_cut_streams_are_named_with_their_cause_and_flag(stub):
+    """llama-cpp-python at concurrency 2: the stream running when the other request arrives is cut
+    after its role chunk; the failure says so, the hint names interrupt_requests and the flag; no
+    usage: tokens counted from chunks."""
+    url, cfg = stub
+    cfg.llama_cpp_python = True
+    run = measure_endpoint(url, prompts("a", "b"), max_new_tokens=5, concurrency=2)
+    assert run.model == LLAMA_CPP_MODEL and run.server == "llama-cpp-python"
+    assert sorted(r.ok for r in run.results) == [False, True]
+    assert {r.error for r in run.results} == {
+        None, "stream cut short: it ended with [DONE] and no finish_reason after 2 chunk(s), 0 with content"}
+    hint = summarize_run(run)["hints"][0]
+    assert "interrupt_requests=True" in hint and "--interrupt_requests False" in hint
+    one = measure_endpoint(url, prompts("a", "b"), max_new_tokens=5, concurrency=1)
+    assert [r.ok for r in one.results] == [True, True]
+    assert {r.tokens_source for r in one.results} == {"chunks"}
+    s = summarize_run(one)
+    assert s["tokens_source"] == "chunks" and s["server"] == "llama-cpp-python"
+    assert s["hints"] == ["token counts are content chunks: llama-cpp-python ignores stream_options.include_usage, "
+                          "so a chunk that carries several tokens counts as one"]
+
+
+def test_server_identity_and_short_model_ids():
+    assert identify_server({"id": "x", "owned_by": "me", "permissions": []}) == "llama-cpp-python"
+    assert identify_server({"id": "x", "owned_by": "me"}) is None  # "me" alone is anyone's
+    assert identify_server({"id": "x", "owned_by": "llamacpp"}) == "llama.cpp"
+    assert identify_server({"id": "x", "owned_by": "vllm"}) == "vllm"
+    assert identify_server({"id": "x"}) is None
+    short = short_model_id(LLAMA_CPP_MODEL)  # a 48-character file name
+    assert len(short) == 40 and short.startswith("smollm2-135m-") and short.endswith("-name.gguf") and "..." in short
+    assert short_model_id("/m/model.gguf") == "model.gguf"
+    assert short_model_id("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    short = short_model_id("org/" + "x" * 80)
+    assert len(short) == 40 and short.startswith("org/x") and "..." in short
 
 
 def test_unreachable_server_and_timeout(stub):
@@ -467,3 +521,23 @@ def test_bench_endpoint_cli_table_store_and_failures(stub, tmp_path, capsys):
     assert main(["bench", "--endpoint", url, "--prompts", str(pfile), "--max-new-tokens", "4", "--warmup", "0",
                  "--no-store"]) == 1
     assert "1 failed request(s)" in capsys.readouterr().err
+
+
+def test_bench_endpoint_cli_names_the_cause_and_the_token_source(stub, tmp_path, capsys, monkeypatch):
+    from specdecode.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "300")  # the whole table on one line per row
+
+    url, cfg = stub
+    cfg.llama_cpp_python = True
+    pfile = tmp_path / "p.jsonl"
+    pfile.write_text('{"prompt": "hi", "category": "a"}\n{"prompt": "there", "category": "a"}\n')
+    args = ["bench", "--endpoint", url, "--prompts", str(pfile), "--max-new-tokens", "4", "--warmup", "0",
+            "--no-store"]
+    assert main(args + ["--concurrency", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "1x stream cut short: it ended with [DONE]" in err and "--interrupt_requests False" in err
+    assert main(args + ["--concurrency", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "remote:smollm2-135m-" in out and LLAMA_CPP_MODEL not in out  # shortened in the table
+    assert "chunks" in out and "ignores stream_options.include_usage" in err

@@ -116,3 +116,15 @@ def test_sweep_over_dtypes_and_threads(tmp_path):
         assert result["dtype"] == sub.split("-")[0] and result["threads"] == int(sub[-2])
         assert result["fingerprint"]["threads"] == int(sub[-2])
     assert "best configuration per setting" in proc.stdout and "fastest overall" in proc.stderr
+
+
+def test_check_reports_agreement_with_the_dtype_tolerance(tmp_path):
+    """`check` in bf16: judged against bf16's measured tolerance, with the agreement summary."""
+    out_file = tmp_path / "check.json"
+    out = specdecode("check", "--dtype", "bfloat16", "--num-prompts", "2", "--max-new-tokens", "12",
+                     "--out", str(out_file))
+    result = json.loads(out_file.read_text())
+    a = result["agreement"]
+    assert result["dtype"] == "bfloat16" and a["tolerance"] == 0.5 and a["prompts"] == 2
+    assert a["identical"] == sum(r["identical"] for r in result["rows"]) and a["above_tolerance"] == 0
+    assert f"{a['identical']}/2 prompts identical" in out.stderr

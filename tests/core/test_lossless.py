@@ -89,3 +89,30 @@ def test_top2_gap_is_the_logit_margin():
         logits = model(torch.tensor([ids]), torch.arange(3), model.new_cache(1, 3)).logits[0, -1]
     values, indices = logits.float().topk(2)  # top2_gap measures in fp32
     assert top2 == indices.tolist() and abs(gap - float(values[0] - values[1])) < 1e-12 and gap >= 0
+
+
+def test_agreement_summary_and_tolerance_per_dtype():
+    import pytest
+
+    from specdecode.core.lossless import TOLERANCES, LosslessReport, default_tolerance
+
+    assert default_tolerance(torch.float32) == DEFAULT_TOLERANCE == TOLERANCES[torch.float64]
+    assert default_tolerance(torch.bfloat16) == 0.5
+    with pytest.raises(ValueError, match="pass one explicitly"):
+        default_tolerance(torch.float16)  # never measured: no silent guess
+    rows = [{"identical": True, "num_tokens": 10},
+            {"identical": False, "num_tokens": 10, "first_divergence": 3, "top2_gap": 0.125},
+            {"identical": False, "num_tokens": 8, "first_divergence": 8, "top2_gap": 0.75}]
+    a = LosslessReport(rows, tolerance=0.5).agreement()
+    assert a == {"prompts": 3, "identical": 1, "tokens": 28, "mean_first_divergence": 5.5,
+                 "median_first_divergence": 5.5, "median_top2_gap": 0.4375, "max_top2_gap": 0.75,
+                 "tolerance": 0.5, "above_tolerance": 1}
+    none = LosslessReport(rows[:1]).agreement()
+    assert none["identical"] == 1 and none["mean_first_divergence"] is None and none["max_top2_gap"] is None
+
+
+def test_check_takes_the_model_dtype_tolerance():
+    model = tiny_model().to(torch.bfloat16)
+    decoder = Eagle3Decoder(random_drafter(model, 60, seed=1), SpecConfig(1, 2))
+    report = check_lossless(model, DigitTokenizer(), lambda ids: decoder, PROMPTS[:1], max_new_tokens=4)
+    assert report.tolerance == 0.5

@@ -26,14 +26,18 @@ on_done=None) -> RemoteRun``
     advance a progress bar; an exception it raises cancels the requests not yet started and
     propagates). A failed request (HTTP error, connection error, stream cut
     short, ``error`` event, empty output, ``timeout_s`` exceeded) never raises: it is
-    recorded with ``ok=False`` and the reason. Only a failed model look-up (``model=None``
+    recorded with ``ok=False`` and a message that says what happened: the HTTP status and the
+    server's error text, or how the stream ended ([DONE] or a closed connection, no
+    ``finish_reason``: "cut short") after how many chunks, how many with content. A response
+    is complete only with a ``finish_reason`` and some content. Only a failed model look-up (``model=None``
     and no usable ``/v1/models``) raises :class:`RemoteError`, before anything is timed.
 
 :class:`RemoteRun` (what ``measure_endpoint`` returns)
     ``endpoint`` (normalised root), ``api``, ``model``, ``max_new_tokens``, ``concurrency``,
     ``temperature``, ``started_at`` (Unix time), ``wall_s`` (first request sent to last one
     finished), ``results`` (one :class:`RequestResult` per prompt, in prompt order),
-    ``server_spec`` (dict or ``None``), ``server_spec_reason`` (why it is ``None``), and
+    ``server_spec`` (dict or ``None``), ``server_spec_reason`` (why it is ``None``), ``server``
+    (the server software when ``/v1/models`` reveals it: :func:`identify_server`), and
     the methods ``summary()`` (= :func:`summarize_run`), ``records(method, run)``
     (= :func:`to_records`) and ``to_dict()`` (JSON-ready: summary, server metrics, every
     request).
@@ -47,7 +51,8 @@ on_done=None) -> RemoteRun``
     ``completion_tokens`` and ``tokens_source`` (``"usage"`` when the server reported usage,
     else ``"chunks"``: content chunks counted, which undercounts a server that packs several
     tokens, e.g. a whole accepted draft, into one chunk), ``prompt_tokens`` (from usage, or
-    ``None``), ``content_chunks``, ``text``, ``reasoning`` (``reasoning_content``/``reasoning``
+    ``None``), ``chunks`` (data events received), ``content_chunks``, ``done`` ([DONE] seen),
+    ``text``, ``reasoning`` (``reasoning_content``/``reasoning``
     deltas, counted as content for timing), ``finish_reason``, ``tok_per_s`` = completion
     tokens / latency, and ``itl_summary()`` (median/p90/p99 in seconds).
 
@@ -57,8 +62,11 @@ on_done=None) -> RemoteRun``
     ``wall_s``: the server's aggregate throughput), ``request_tok_per_s_median``,
     ``latency_ms_median``, ``ttft_ms_median``/``_p90``/``_p99``, ``tpot_ms_median``,
     ``itl_ms_median``/``_p90``/``_p99`` (over all gaps of all successful requests pooled),
-    ``tokens_source`` (``usage``, ``chunks`` or ``mixed``), ``server_spec`` and
-    ``server_spec_reason``. Latency statistics are ``None`` when no request succeeded.
+    ``tokens_source`` (``usage``, ``chunks`` or ``mixed``), ``server_spec``,
+    ``server_spec_reason``, ``server``, ``model`` and ``hints`` (:func:`likely_causes`: for
+    failures with a known cause, e.g. llama-cpp-python cutting streams at concurrency > 1 by
+    default, what happened and the flag that changes it; and a note when tokens were counted
+    from chunks). Latency statistics are ``None`` when no request succeeded.
 
 :func:`to_records(run, method="remote", run_index=0) -> list[dict]`
     One dict per *successful* request shaped like :func:`specdecode.bench.harness.run_interleaved`'s
@@ -97,17 +105,21 @@ server-wide: other clients' traffic during the run is counted too. ``server_spec
 from specdecode.bench.remote.metrics import read_spec_snapshot, spec_delta
 from specdecode.bench.remote.request import RequestResult
 from specdecode.bench.remote.run import (
-                                         RemoteError,
-                                         RemoteRun,
-                                         list_models,
-                                         measure_endpoint,
-                                         normalize_endpoint,
-                                         summarize_run,
-                                         to_records,
+    RemoteError,
+    RemoteRun,
+    identify_server,
+    likely_causes,
+    list_models,
+    measure_endpoint,
+    normalize_endpoint,
+    short_model_id,
+    summarize_run,
+    to_records,
 )
 from specdecode.bench.remote.sse import SSEDecoder
 
 __all__ = [
     "RemoteError", "RequestResult", "RemoteRun", "measure_endpoint", "summarize_run", "to_records",
-    "normalize_endpoint", "list_models", "SSEDecoder", "read_spec_snapshot", "spec_delta",
+    "normalize_endpoint", "list_models", "SSEDecoder", "read_spec_snapshot", "spec_delta", "identify_server",
+    "likely_causes", "short_model_id",
 ]

@@ -11,7 +11,7 @@ import torch
 from specdecode.bench.fingerprint import capture
 from specdecode.bench.harness import MeasureConfig, summarize
 from specdecode.bench.remote.request import Api, RequestResult
-from specdecode.bench.remote.run import RemoteError, measure_endpoint
+from specdecode.bench.remote.run import RemoteError, measure_endpoint, short_model_id
 from specdecode.bench.store import Run, new_run_id, now
 from specdecode.io.prompts import Prompt
 
@@ -49,6 +49,11 @@ class EndpointBench:
                 out[k] = out.get(k, 0) + v
         return out
 
+    @property
+    def hints(self) -> list[str]:
+        """Likely causes of failures and notes on token counts, over all runs, each once."""
+        return list(dict.fromkeys(h for s in self.remote for h in s["hints"]))
+
     def to_run(self) -> Run:
         return Run(new_run_id(), "bench-remote", now(), self.fingerprint, self.summary, self.records,
                    {"endpoint": self.endpoint.url, "max_new_tokens": self.measure.max_new_tokens,
@@ -73,10 +78,11 @@ def bench_endpoint(endpoint: EndpointConfig, config: MeasureConfig, prompts: lis
                                   on_done=on_done)
         except RemoteError as e:
             raise ValueError(f"{e} (is the server at {endpoint.url} running?)") from None
-        method = f"remote:{rr.model}"
+        method = f"remote:{short_model_id(rr.model)}"  # the full id is in the fingerprint
         records += rr.records(method, run)
         remote.append(rr.summary() | {"run": run})
         fingerprint["server_model"] = rr.model
+        fingerprint["server_software"] = rr.server
     summary = summarize(records, [method]) if records else []
     for row in summary:
         row["outputs_match_baseline"] = "n/a"  # one method, its own reference

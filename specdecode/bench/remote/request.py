@@ -41,8 +41,11 @@ class RequestResult:
     completion_tokens: int = 0
     tokens_source: str = "chunks"
     prompt_tokens: int | None = None
+    chunks: int = 0  # data events received (role-only, usage-only and [DONE] included)
     content_chunks: int = 0
+    done: bool = False  # the stream ended with [DONE]
     text: str = ""
+    token_ids: list[int] | None = None  # when the server sends them (``return_token_ids``: ours, vLLM)
     reasoning: str = ""
     finish_reason: str | None = None
     tok_per_s: float | None = None
@@ -80,6 +83,27 @@ def _error_message(payload) -> str:
     return str(err)[:500]
 
 
+def _received(res: RequestResult) -> str:
+    """What had arrived when a stream failed (empty before any response)."""
+    if res.status is None:
+        return ""
+    return f" after {res.chunks} chunk(s), {res.content_chunks} with content"
+
+
+CUT_SHORT = "cut short"  # in every message about a stream that ended without a finish_reason
+
+
+def _incomplete(res: RequestResult) -> str | None:
+    """Why a stream that ended without a transport error is not a complete response, or None.
+    A complete one has a finish_reason (every OpenAI-compatible server sends one) and content."""
+    if res.finish_reason is None:
+        how = "with [DONE]" if res.done else "(connection closed) without [DONE]"
+        return f"stream {CUT_SHORT}: it ended {how} and no finish_reason{_received(res)}"
+    if res.ttft_s is None:
+        return f"no content in the response (finish_reason {res.finish_reason!r}{_received(res)})"
+    return None
+
+
 def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: Api, timeout_s: float,
                 res: RequestResult, t_run: float) -> None:
     """Fill ``res`` from one streaming request; never raises for request-level failures."""
@@ -87,13 +111,13 @@ def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: 
     res.start_s = t0 - t_run
     last_content: float | None = None
     usage_tokens: int | None = None
-    done = False
 
     def handle(event: str, data: str) -> bool:
         """One SSE event; False stops the stream."""
-        nonlocal last_content, usage_tokens, done
+        nonlocal last_content, usage_tokens
+        res.chunks += 1
         if data.strip() == "[DONE]":
-            done = True
+            res.done = True
             return False
         try:
             chunk = json.loads(data)
@@ -122,6 +146,9 @@ def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: 
                 content, reasoning = choice.get("text") or "", ""
             if choice.get("finish_reason"):
                 res.finish_reason = choice["finish_reason"]
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                res.token_ids = (res.token_ids or []) + [int(i) for i in ids]
             if content or reasoning:
                 now = time.perf_counter()
                 if last_content is None:
@@ -162,11 +189,11 @@ def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: 
                         if not handle(event, data):
                             break
     except httpx.TimeoutException as e:
-        res.error = f"timed out ({type(e).__name__})"
+        res.error = f"timed out ({type(e).__name__})" + _received(res)
     except httpx.HTTPError as e:
-        res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        res.error = (f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) + _received(res)
     except Exception as e:  # a request's failure must not end the run
-        res.error = f"{type(e).__name__}: {e}"
+        res.error = f"{type(e).__name__}: {e}" + _received(res)
     t1 = time.perf_counter()
     res.end_s = t1 - t_run
     res.latency_s = t1 - t0
@@ -174,10 +201,8 @@ def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: 
         res.completion_tokens, res.tokens_source = usage_tokens, "usage"
     else:
         res.completion_tokens, res.tokens_source = res.content_chunks, "chunks"
-    if res.error is None and not done and res.finish_reason is None:
-        res.error = "stream ended before [DONE] or a finish_reason"
-    if res.error is None and res.ttft_s is None:
-        res.error = "no content in the response"
+    if res.error is None:
+        res.error = _incomplete(res)
     res.ok = res.error is None
     if res.ok:
         if res.completion_tokens > 1 and res.ttft_s is not None:

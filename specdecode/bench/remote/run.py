@@ -14,7 +14,16 @@ from dataclasses import asdict, dataclass
 import httpx
 
 from specdecode.bench.remote.metrics import read_spec_snapshot, spec_delta
-from specdecode.bench.remote.request import Api, RequestResult, _median, _ms, _prompt_fields, _request_body, _stream_one
+from specdecode.bench.remote.request import (
+    CUT_SHORT,
+    Api,
+    RequestResult,
+    _median,
+    _ms,
+    _prompt_fields,
+    _request_body,
+    _stream_one,
+)
 from specdecode.bench.stats import percentile
 
 
@@ -54,6 +63,7 @@ class RemoteRun:
     results: list[RequestResult]
     server_spec: dict | None
     server_spec_reason: str | None = None
+    server: str | None = None  # the server software, when /v1/models reveals it (identify_server)
 
     def summary(self) -> dict:
         return summarize_run(self)
@@ -62,34 +72,64 @@ class RemoteRun:
         return to_records(self, method, run)
 
     def to_dict(self) -> dict:
-        return {"endpoint": self.endpoint, "api": self.api, "model": self.model,
+        return {"endpoint": self.endpoint, "api": self.api, "model": self.model, "server": self.server,
                 "max_new_tokens": self.max_new_tokens, "concurrency": self.concurrency,
                 "temperature": self.temperature, "started_at": self.started_at, "wall_s": self.wall_s,
                 "summary": self.summary(), "requests": [asdict(r) for r in self.results]}
 
 
-def list_models(endpoint: str, api_key: str | None = None, timeout_s: float = 30.0,
-                client: httpx.Client | None = None) -> list[str]:
-    """The model ids served at ``endpoint`` (``GET /v1/models``); raises :class:`RemoteError`."""
-    base = normalize_endpoint(endpoint)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    own = client is None
-    client = client or httpx.Client(timeout=timeout_s)
+def _model_entries(base: str, headers: dict, timeout_s: float, client: httpx.Client) -> list[dict]:
+    """``GET /v1/models``'s entries (each with an ``id``); raises :class:`RemoteError`."""
     try:
         r = client.get(base + "/v1/models", headers=headers, timeout=timeout_s)
         if r.status_code != 200:
             raise RemoteError(f"GET {base}/v1/models: HTTP {r.status_code}: {r.text[:200]}")
-        ids = [m["id"] for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m]
+        entries = [m for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m]
     except httpx.HTTPError as e:
         raise RemoteError(f"GET {base}/v1/models: {type(e).__name__}: {e}") from e
     except (ValueError, AttributeError, TypeError) as e:
         raise RemoteError(f"GET {base}/v1/models: unexpected response ({e})") from e
+    if not entries:
+        raise RemoteError(f"GET {base}/v1/models: no models listed; pass the model name")
+    return entries
+
+
+def list_models(endpoint: str, api_key: str | None = None, timeout_s: float = 30.0,
+                client: httpx.Client | None = None) -> list[str]:
+    """The model ids served at ``endpoint`` (``GET /v1/models``); raises :class:`RemoteError`."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    own = client is None
+    client = client or httpx.Client(timeout=timeout_s)
+    try:
+        return [m["id"] for m in _model_entries(normalize_endpoint(endpoint), headers, timeout_s, client)]
     finally:
         if own:
             client.close()
-    if not ids:
-        raise RemoteError(f"GET {base}/v1/models: no models listed; pass the model name")
-    return ids
+
+
+# ``owned_by`` in /v1/models, as each server writes it (read from their sources): the only
+# portable signature; llama-cpp-python's "me" comes with an empty "permissions" list.
+_OWNED_BY = {"llamacpp": "llama.cpp", "vllm": "vllm", "sglang": "sglang", "specdecode": "specdecode"}
+
+
+def identify_server(entry: dict) -> str | None:
+    """The server software behind a ``/v1/models`` entry, when it is one we know."""
+    owner = entry.get("owned_by")
+    if owner == "me" and "permissions" in entry:
+        return "llama-cpp-python"
+    return _OWNED_BY.get(owner) if isinstance(owner, str) else None
+
+
+def short_model_id(model: str, width: int = 40) -> str:
+    """A model id short enough for a table: a file path (llama-cpp-python and llama.cpp report
+    the GGUF's path) becomes its file name; a longer id loses its middle. Hub ids stay whole."""
+    name = model
+    if model.startswith(("/", "~", "./", "../")) or model.lower().endswith(".gguf"):
+        name = model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or model
+    if len(name) <= width:
+        return name
+    head = (width - 3) // 2
+    return name[:head] + "..." + name[-(width - 3 - head):]
 
 
 def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, max_new_tokens: int = 128,
@@ -107,9 +147,17 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)), limits=limits)
+    server = None
     try:
+        try:
+            entries = _model_entries(base, headers, min(timeout_s, 30.0), client)
+        except RemoteError:
+            if model is None:  # nothing to request
+                raise
+            entries = []  # the model is named: a server without /v1/models can still be measured
         if model is None:
-            model = list_models(base, api_key, min(timeout_s, 30.0), client)[0]
+            model = entries[0]["id"]
+        server = next((identify_server(e) for e in entries if e["id"] == model), None)
         for _ in range(warmup):
             if prompts:
                 w = RequestResult("warmup", "warmup")
@@ -150,11 +198,39 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
     return RemoteRun(endpoint=base, api=api, model=model, max_new_tokens=max_new_tokens,
                      concurrency=concurrency, temperature=temperature, started_at=started_at,
                      wall_s=wall_s, results=results, server_spec=spec_delta(before, after),
-                     server_spec_reason=reason)
+                     server_spec_reason=reason, server=server)
 
 
 # ---------------------------------------------------------------------------------------------
 # aggregates
+
+
+def likely_causes(run: RemoteRun) -> list[str]:
+    """For failures with a known cause on a known server, what happened and the flag that changes it;
+    and how the tokens were counted when the server reported no usage."""
+    failed = [r for r in run.results if not r.ok]
+    hints = []
+    cut = sum(1 for r in failed if r.error and CUT_SHORT in r.error)
+    if cut and run.server == "llama-cpp-python":
+        hints.append(f"{cut} stream(s) cut short: llama-cpp-python's server ends a running stream with [DONE] as soon "
+                     "as another request arrives (its default interrupt_requests=True); start it with "
+                     "`--interrupt_requests False` to queue concurrent requests, or measure at --concurrency 1")
+    elif cut:
+        hints.append(f"{cut} stream(s) cut short with no finish_reason: the server stopped them (a server that "
+                     "interrupts a stream when another request arrives, a restart, a proxy timeout)")
+    full = sum(1 for r in failed if r.status in (429, 503))
+    if full:
+        hints.append(f"{full} request(s) refused as over capacity (HTTP 429/503): lower --concurrency or give the "
+                     "server more slots")
+    missing = sum(1 for r in failed if r.status == 404)
+    if missing:
+        hints.append(f"{missing} request(s) got HTTP 404: check the URL and --endpoint-model (GET /v1/models lists "
+                     "the served ids)")
+    if any(r.ok and r.tokens_source == "chunks" for r in run.results):
+        who = f"{run.server} ignores" if run.server else "the server ignored"
+        hints.append(f"token counts are content chunks: {who} stream_options.include_usage, so a chunk that carries "
+                     "several tokens counts as one")
+    return hints
 
 
 def summarize_run(run: RemoteRun) -> dict:
@@ -180,6 +256,7 @@ def summarize_run(run: RemoteRun) -> dict:
         "itl_ms_p99": _ms(percentile(itls, 99)),
         "tokens_source": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
         "server_spec": run.server_spec, "server_spec_reason": run.server_spec_reason,
+        "server": run.server, "model": run.model, "hints": likely_causes(run),
     }
 
 
