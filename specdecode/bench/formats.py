@@ -1,0 +1,141 @@
+"""Weight formats and dtypes side by side (``specdecode formats``): for each ``dtype:weights``
+pair, the cost of one target forward over k tokens (k = 1 is a decode step, larger k a verify),
+held-out perplexity, top-1 agreement with the first (reference) format on the same text, and
+greedy agreement with it on real prompts. Timings interleave the formats (every format at one
+k before the next k), all models loaded at once, the same threads."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.model import Transformer
+from specdecode.core.quant import WEIGHT_FORMATS
+from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
+from specdecode.runtime.session import RuntimeConfig, Session, start
+
+DEFAULT_FORMATS = ("float32:native", "bfloat16:native", "bfloat16:int8", "float32:int8")
+
+
+def parse_format(text: str) -> tuple[str, str]:
+    """``dtype:weights`` (``bfloat16:int8``); a bare dtype means native weights."""
+    dtype, _, weights = text.strip().partition(":")
+    weights = weights or "native"
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"format {text!r}: weights must be one of {', '.join(WEIGHT_FORMATS)} (dtype:weights)")
+    return dtype, weights
+
+
+@dataclass(frozen=True)
+class FormatsConfig:
+    formats: tuple[str, ...] = DEFAULT_FORMATS  # the first is the reference for agreement
+    model: str | None = None
+    threads: int | None = None
+    passages: str | None = None  # natural text for perplexity (any prompts file); None: no perplexity
+    num_passages: int = 24
+    max_passage_tokens: int = 512
+    prompts: str | None = None  # greedy agreement (None: the built-in prompts)
+    num_prompts: int | None = None
+    per_category: int | None = None
+    max_new_tokens: int = 64
+    ks: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+    context: int = 200  # cached tokens before the timed forward
+    repeats: int = 7
+
+
+def forward_ms(model: Transformer, k: int, context: int, repeats: int) -> float:
+    """Median ms of one forward over k new tokens after ``context`` cached ones (greedy decode: k = 1)."""
+    device = model.device
+    cache = model.new_cache(1, context + k)
+    times = []
+    with torch.inference_mode():
+        model(torch.randint(0, 1000, (1, context), device=device), torch.arange(context, device=device), cache)
+        tokens = torch.randint(0, 1000, (1, k), device=device)
+        positions = torch.arange(context, context + k, device=device)
+        logits_at = torch.arange(k, device=device)
+        for _ in range(repeats + 1):  # the first is a warm-up
+            cache.truncate(context)
+            t0 = time.perf_counter()
+            model(tokens, positions, cache, logits_at=logits_at)
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times[1:])
+
+
+def passage_ids(prompts: list[Prompt], tokenizer, max_tokens: int) -> list[list[int]]:
+    """Each prompt's text (messages joined, no chat template), cut to ``max_tokens`` tokens."""
+    out = []
+    for p in prompts:
+        text = p.text if p.text is not None else "\n".join(str(m.get("content", "")) for m in p.messages or ())
+        ids = tokenizer.encode(text)[:max_tokens]
+        if len(ids) > 1:
+            out.append(ids)
+    return out
+
+
+def teacher_forced(model: Transformer, passages: list[list[int]]) -> tuple[float, int, list[torch.Tensor]]:
+    """Total negative log-likelihood, tokens scored and the top-1 prediction at each position."""
+    nll, count, top1 = 0.0, 0, []
+    device = model.device
+    with torch.inference_mode():
+        for ids in passages:
+            x = torch.tensor([ids], device=device)
+            logits = model(x, torch.arange(len(ids), device=device), model.new_cache(1, len(ids))).logits[0, :-1]
+            target = x[0, 1:]
+            nll += float(F.cross_entropy(logits.float(), target, reduction="sum"))
+            count += len(ids) - 1
+            top1.append(logits.argmax(-1).cpu())
+    return nll, count, top1
+
+
+def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | None = None) -> dict:
+    """Every format's speed and quality; see the module doc. Returns ``{"formats": [...], "rows": [...]}``."""
+    say = on_progress or (lambda _: None)
+    pairs = [parse_format(f) for f in config.formats]
+    if len(set(pairs)) != len(pairs):
+        raise ValueError(f"a format is listed twice: {', '.join(config.formats)}")
+    sessions: list[Session] = []
+    for dtype, weights in pairs:
+        say(f"loading {dtype}:{weights}")
+        sessions.append(start(RuntimeConfig(model=config.model, dtype=dtype, threads=config.threads, weights=weights)))
+    names = [f"{d}:{w}" for d, w in pairs]
+    rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "forward_ms": {}} for n, (d, w) in zip(
+        names, pairs, strict=True)]
+    for k in config.ks:  # interleaved: every format at this k before the next k
+        say(f"timing k={k}")
+        for row, s in zip(rows, sessions, strict=True):
+            row["forward_ms"][k] = forward_ms(s.loaded.model, k, config.context, config.repeats)
+    for row in rows:
+        one = row["forward_ms"].get(1)
+        row["verify_cost"] = {k: ms / one for k, ms in row["forward_ms"].items()} if one else {}
+    tokenizer = sessions[0].loaded.tokenizer
+    if config.passages:
+        texts = passage_ids(load_prompts(config.passages, config.num_passages), tokenizer, config.max_passage_tokens)
+        ref_top1: list[torch.Tensor] = []
+        for i, (row, s) in enumerate(zip(rows, sessions, strict=True)):
+            say(f"perplexity {row['format']}")
+            nll, count, top1 = teacher_forced(s.loaded.model, texts)
+            ref_top1 = top1 if i == 0 else ref_top1
+            agree = sum(int((a == b).sum()) for a, b in zip(top1, ref_top1, strict=True))
+            row |= {"perplexity": math.exp(nll / count), "passage_tokens": count, "top1_agreement": agree / count}
+    prompts = load_prompts(config.prompts, config.num_prompts, config.per_category)
+    encoded = [encode_prompt(p, tokenizer) for p in prompts]
+    options = GenerateOptions(max_new_tokens=config.max_new_tokens)
+    outputs = []
+    for row, s in zip(rows, sessions, strict=True):
+        say(f"greedy {row['format']}")
+        engine = Engine(s.loaded.model, s.loaded.tokenizer)
+        outputs.append([engine.generate(ids, options).token_ids for ids in encoded])
+    for row, out in zip(rows, outputs, strict=True):
+        firsts = [next((i for i, (a, b) in enumerate(zip(o, r, strict=False)) if a != b), min(len(o), len(r)))
+                  for o, r in zip(out, outputs[0], strict=True) if o != r]
+        row |= {"greedy_identical": len(out) - len(firsts), "greedy_prompts": len(out),
+                "mean_first_divergence": statistics.fmean(firsts) if firsts else None}
+    return {"formats": names, "reference": names[0], "threads": sessions[0].threads, "context": config.context,
+            "max_new_tokens": config.max_new_tokens, "rows": rows}

@@ -1,0 +1,40 @@
+"""`specdecode formats`: the format grammar, and one small run on the real model."""
+
+import json
+
+import pytest
+
+from specdecode.bench.formats import parse_format
+from tests.helpers import run_specdecode
+
+
+def test_parse_format():
+    assert parse_format("bfloat16:int8") == ("bfloat16", "int8")
+    assert parse_format(" float32 ") == ("float32", "native")
+    with pytest.raises(ValueError, match="weights must be one of native, int8"):
+        parse_format("bfloat16:int4")
+
+
+@pytest.mark.model
+def test_formats_command_measures_speed_and_quality(tmp_path):
+    passages = tmp_path / "passages.jsonl"
+    passages.write_text('{"text": "The mitochondria is the powerhouse of the cell. It makes ATP from glucose."}\n'
+                        '{"text": "Paris is the capital of France, and Berlin is the capital of Germany."}\n')
+    out = tmp_path / "formats.json"
+    run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8", "--ks", "1,3", "--repeats", "1",
+                   "--num-prompts", "2", "--max-new-tokens", "6", "--passages", str(passages), "--threads", "2",
+                   "--out", str(out))
+    result = json.loads(out.read_text())
+    assert result["formats"] == ["bfloat16:native", "bfloat16:int8"] and result["reference"] == "bfloat16:native"
+    ref, int8 = result["rows"]
+    assert ref["top1_agreement"] == 1.0 and ref["greedy_identical"] == ref["greedy_prompts"] == 2
+    assert 0.5 < int8["top1_agreement"] <= 1.0 and ref["passage_tokens"] == int8["passage_tokens"] > 20
+    assert int8["perplexity"] == pytest.approx(ref["perplexity"], rel=0.2)  # int8 is close, not a broken model
+    for row in result["rows"]:
+        assert set(row["forward_ms"]) == {"1", "3"} and row["verify_cost"]["1"] == 1.0
+    assert result["fingerprint"]["threads"] == 2
+
+
+def test_weights_flag_is_refused_with_the_choices():
+    out = run_specdecode("generate", "hi", "--weights", "int4", check=False)
+    assert out.returncode == 2 and "invalid choice: 'int4'" in out.stderr and "native" in out.stderr

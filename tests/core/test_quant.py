@@ -1,0 +1,60 @@
+"""core.quant: weight-only int8 linear layers (per-channel scales) and the model-wide switch."""
+
+import pytest
+import torch
+
+from specdecode.core.drafter import random_drafter
+from specdecode.core.lossless import check_lossless
+from specdecode.core.model import Linear
+from specdecode.core.quant import Int8Linear, quantize_weights, weight_format
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from tests.core.test_lossless import PROMPTS, DigitTokenizer
+from tests.helpers import tiny_model
+
+
+def test_int8_linear_is_its_dequantized_weight_and_close_to_the_original():
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 16, dtype=torch.float64), torch.randn(24, dtype=torch.float64)
+    w[3] = 0.0  # an all-zero channel: no division by zero
+    layer = Int8Linear(w, b)
+    q, s = layer.weight_int8, layer.scales
+    assert q.dtype == torch.int8 and q.abs().max() <= 127 and s.shape == (24,)
+    assert (q.abs().amax(dim=1)[torch.arange(24) != 3] == 127).all()  # symmetric: each row's max maps to 127
+    assert (layer.dequantized() - w).abs().le(s[:, None] / 2 + 1e-12).all()  # rounding error at most half a step
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), x @ layer.dequantized().t() + b, rtol=1e-12, atol=1e-12)  # float64
+    assert layer(x).shape == (2, 5, 24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_kernel_agrees_with_the_formula(dtype):
+    torch.manual_seed(1)
+    layer = Int8Linear(torch.randn(64, 32).to(dtype))
+    for rows in (1, 3, 8, 17):  # decode, verify sizes and more: one kernel for all
+        x = torch.randn(rows, 32).to(dtype)
+        ref = x.double() @ layer.weight_int8.double().t() * layer.scales.double()
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        assert (layer(x).double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+def test_quantize_weights_swaps_every_linear_and_unties_lm_head():
+    model = tiny_model(dtype=torch.float32, tie_word_embeddings=True)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    embedding = model.embed_tokens.weight.clone()
+    linears = sum(isinstance(m, Linear) for m in model.modules())
+    assert quantize_weights(model, "native") == 0 and weight_format(model) == "native"
+    assert quantize_weights(model, "int8") == linears and weight_format(model) == "int8"
+    assert not any(isinstance(m, Linear) for m in model.modules())
+    assert isinstance(model.lm_head, Int8Linear) and torch.equal(model.embed_tokens.weight, embedding)
+    with pytest.raises(ValueError, match="use one of native, int8"):
+        quantize_weights(model, "int4")
+
+
+def test_speculative_greedy_is_lossless_on_int8_weights():
+    """The int8 model is one function whatever the rows: greedy speculative output equals its
+    own greedy baseline (fp32 activations, through the CPU kernel)."""
+    model = tiny_model(dtype=torch.float32)
+    quantize_weights(model, "int8")
+    decoder = Eagle3Decoder(random_drafter(model, 60, seed=1), SpecConfig(3, 2, 6))
+    report = check_lossless(model, DigitTokenizer(), lambda ids: decoder, PROMPTS, max_new_tokens=16)
+    assert report.passed and report.rows and all(r["accept_length"] >= 1.0 for r in report.rows)
