@@ -1,15 +1,17 @@
 """What ``bench --methods`` and ``sweep`` measure: the method-string grammar (one parser) and
-the methods themselves. A method string is ``baseline``, ``hf``,
-``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or ``served:url=URL[,model=NAME]`` (a
-running server, measured over HTTP with the same token ids); ``eagle3`` with no parameters is
-``SpecConfig()``. EAGLE-3 methods get their decoder from the one factory,
+the methods themselves. A method string is ``baseline``, ``hf``, ``llamacpp`` (llama.cpp on the
+same GGUF), ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
+``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids);
+``eagle3`` with no parameters is ``SpecConfig()``. EAGLE-3 methods get their decoder from the one factory,
 ``runtime.decoders.build_decoder``."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -135,6 +137,41 @@ class ServedMethod:
                          num_tokens=res.completion_tokens)
 
 
+class LlamaCppMethod:
+    """llama.cpp (through llama-cpp-python) on the same GGUF file, the same prompt token ids and
+    the same threads, greedy, stopping at the same stop tokens (included in the output, as ours
+    are): what a user would run instead of us, in the same table."""
+
+    def __init__(self, name: str, model_path: Path, threads: int, stop_ids: Sequence[int]) -> None:
+        if not (model_path.is_file() and model_path.suffix.lower() == ".gguf"):
+            raise ValueError(f"method {name!r} runs a GGUF file; the model is {model_path}")
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise ValueError(f"method {name!r} needs llama-cpp-python: pip install 'specdecode[llamacpp]' "
+                             "(it builds llama.cpp from source)") from None
+        self.name = name
+        self.stop_ids = set(stop_ids)
+        self.threads = threads
+        self.llm = Llama(model_path=str(model_path), n_threads=threads, n_threads_batch=threads, n_ctx=4096,
+                         verbose=False)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        self.llm.reset()  # no prefix reuse from the previous prompt: every run pays its prefill
+        out: list[int] = []
+        first = None
+        t0 = time.perf_counter()
+        for tok in self.llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                     reset=True):
+            if first is None:
+                first = time.perf_counter()
+            out.append(int(tok))
+            if tok in self.stop_ids or len(out) >= max_new_tokens:
+                break
+        elapsed = time.perf_counter() - t0
+        return RunOutput(out, elapsed, (first or t0 + elapsed) - t0, {"engine": "llama.cpp"})
+
+
 def split_methods(text: str) -> list[str]:
     """Split ``--methods`` on commas that start a new method (``eagle3:steps=2,topk=1,hf``)."""
     out: list[str] = []
@@ -189,15 +226,17 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
 
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
                  drafters: dict[str, Eagle3Drafter] | None = None) -> Method:
-    """``baseline``, ``hf``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
+    """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
     ``served:url=URL[,model=NAME]``."""
     name, params = parse_method(spec)
-    if name in ("baseline", "hf") and params:
+    if name in ("baseline", "hf", "llamacpp") and params:
         raise ValueError(f"method {name!r} takes no parameters (got {params})")
     if name == "baseline":
         return BaselineMethod(spec, session.loaded)
     if name == "hf":
         return HFMethod(spec, session.loaded, session.dtype, session.device)
+    if name == "llamacpp":
+        return LlamaCppMethod(spec, session.loaded.source, session.threads, session.loaded.tokenizer.eos_token_ids)
     if name == "eagle3":
         decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
         if not decoder.is_speculative:
@@ -212,5 +251,5 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
             return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
         except RemoteError as e:
             raise ValueError(f"method {spec!r}: {e} (is the server running?)") from None
-    raise ValueError(f"unknown method {name!r}; available: baseline, hf, eagle3[:steps=S,topk=K,draft_tokens=N], "
-                     "served:url=URL")
+    raise ValueError(f"unknown method {name!r}; available: baseline, hf, llamacpp, "
+                     "eagle3[:steps=S,topk=K,draft_tokens=N], served:url=URL")

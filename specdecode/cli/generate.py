@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     record = result.to_dict() | {
         "method": decoder.description, "model": str(session.loaded.source), "dtype": args.dtype,
-        "device": str(session.device), "threads": session.threads, "load_s": load_s,
+        "weights": args.weights, "device": str(session.device), "threads": session.threads, "load_s": load_s,
         "spec_config": asdict(decoder.config) if decoder.config else None}
     if args.launch_profile:
         from specdecode.bench.profiles import load_profile
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[bold]{result.num_tokens} tokens[/] in {result.elapsed_s:.2f} s: "
                   f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
                   f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
-                  f"{args.dtype}, {session.device}, {session.threads} threads, model loaded in {load_s:.1f} s)")
+                  f"{args.dtype}{'' if args.weights == 'native' else ', ' + args.weights + ' weights'}, "
+                  f"{session.device}, {session.threads} threads, model loaded in {load_s:.1f} s)")
         if "allreduce_share" in result.stats:
             err.print(f"tensor parallel: all-reduce {result.stats['allreduce_ms_per_token']:.2f} ms/token "
                       f"({100 * result.stats['allreduce_share']:.1f}% of the time)", markup=False, highlight=False)

@@ -34,3 +34,57 @@ def test_sweep_grid_round_trips_through_the_parser():
                      "eagle3:steps=2,topk=2,draft_tokens=5"]
     assert [method_spec_config(s).num_draft_tokens for s in specs] == [2, 3, 3, 5]
     assert grid([1], [2], [2, 3, 9]) == ["eagle3:steps=1,topk=2,draft_tokens=2", "eagle3:steps=1,topk=2,draft_tokens=3"]
+
+
+class FakeLlama:
+    """llama_cpp.Llama as LlamaCppMethod uses it: records its settings and resets, yields a script."""
+
+    instances: list = []
+
+    def __init__(self, model_path, n_threads, n_threads_batch, n_ctx, verbose):
+        self.settings = {"model_path": model_path, "n_threads": n_threads, "n_threads_batch": n_threads_batch}
+        self.resets = 0
+        self.calls = []
+        FakeLlama.instances.append(self)
+
+    def reset(self):
+        self.resets += 1
+
+    def generate(self, tokens, **sampling):
+        self.calls.append((list(tokens), sampling))
+        yield from [11, 12, 2, 13, 14]  # 2 is a stop token
+
+
+def test_llamacpp_method_runs_greedy_on_the_gguf_and_stops_like_ours(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from specdecode.bench.methods import LlamaCppMethod
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    method = LlamaCppMethod("llamacpp", gguf, threads=2, stop_ids=[2])
+    llm = FakeLlama.instances[-1]
+    assert llm.settings == {"model_path": str(gguf), "n_threads": 2, "n_threads_batch": 2}
+    out = method.run([5, 6, 7], max_new_tokens=10)
+    assert out.token_ids == [11, 12, 2]  # the stop token included, as our engine does
+    assert llm.resets == 1 and llm.calls[0][0] == [5, 6, 7]
+    sampling = llm.calls[0][1]
+    assert sampling["temp"] == 0.0 and sampling["top_k"] == 1 and sampling["repeat_penalty"] == 1.0
+    assert method.run([5], max_new_tokens=2).token_ids == [11, 12] and llm.resets == 2
+    assert 0 <= out.ttft_s <= out.elapsed_s
+    with pytest.raises(ValueError, match="runs a GGUF file"):
+        LlamaCppMethod("llamacpp", tmp_path, threads=2, stop_ids=[2])
+
+
+def test_llamacpp_method_without_the_package_names_the_install(tmp_path, monkeypatch):
+    import sys
+
+    from specdecode.bench.methods import LlamaCppMethod
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match=r"pip install 'specdecode\[llamacpp\]'"):
+        LlamaCppMethod("llamacpp", gguf, threads=2, stop_ids=[2])

@@ -16,11 +16,18 @@ def test_generate_json():
     out = specdecode("generate", "What is the capital of France?", "--json", "--max-new-tokens", "24",
                      "--threads", "2")
     record = json.loads(out.stdout)
-    for key in ("text", "token_ids", "num_tokens", "elapsed_s", "tok_per_s", "threads", "dtype"):
+    for key in ("text", "token_ids", "num_tokens", "elapsed_s", "tok_per_s", "threads", "dtype", "weights"):
         assert key in record
     assert "Paris" in record["text"]
     assert record["num_tokens"] == len(record["token_ids"]) <= 24
     assert record["threads"] == 2
+
+
+def test_generate_with_int8_weights():
+    out = specdecode("generate", "What is the capital of France?", "--json", "--max-new-tokens", "12",
+                     "--dtype", "bfloat16", "--weights", "int8", "--threads", "2")
+    record = json.loads(out.stdout)
+    assert record["weights"] == "int8" and record["num_tokens"] >= 1 and "Paris" in record["text"]
 
 
 def test_generate_stream_raw_and_summary():

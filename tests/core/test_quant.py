@@ -30,7 +30,7 @@ def test_int8_linear_is_its_dequantized_weight_and_close_to_the_original():
 def test_cpu_kernel_agrees_with_the_formula(dtype):
     torch.manual_seed(1)
     layer = Int8Linear(torch.randn(64, 32).to(dtype))
-    for rows in (1, 3, 8, 17):  # decode, verify sizes and more: one kernel for all
+    for rows in (1, 3, 8, 17, 32, 33, 100):  # the kernel up to 32 rows, convert + GEMM beyond: one formula
         x = torch.randn(rows, 32).to(dtype)
         ref = x.double() @ layer.weight_int8.double().t() * layer.scales.double()
         tol = 1e-4 if dtype == torch.float32 else 5e-2

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Engine speed, per weight format and dtype, and against llama.cpp on the same GGUF.
+# One benchmark at a time (2-core machine). Writes benchmarks/results/engine/.
+#   1. `formats`: ms per target forward over k = 1..32 tokens (decode step and verify-cost curve),
+#      held-out perplexity (24 PubMedQA passages) and greedy agreement (Spec-Bench, 1 per category).
+#   2. `bench`: our baseline and default EAGLE-3 in bf16 with int8 weights, and llama.cpp
+#      (llama-cpp-python, `pip install 'specdecode[llamacpp]'`), Spec-Bench 2 per category x 128
+#      tokens, greedy, interleaved; then the same with native bf16 weights.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SD=.venv/bin/specdecode
+R=benchmarks/results/engine
+mkdir -p "$R"
+rm -f "$R"/*.jsonl
+export COLUMNS=200
+SPEC=../shared/data/spec_bench_questions.jsonl
+THREADS=${THREADS:-2}
+
+run() {  # run NAME CMD...: the command line, then its output, into $R/NAME.txt
+  local name=$1; shift
+  { echo "\$ $*"; "$@"; } 2>&1 | tee "$R/$name.txt"
+}
+
+run formats $SD formats --threads "$THREADS" --formats float32:native,bfloat16:native,bfloat16:int8,float32:int8 \
+    --passages ../shared/data/prompts/long/pubmedqa__pubmedqa.jsonl --num-passages 24 \
+    --prompts "$SPEC" --per-category 1 --max-new-tokens 64 --out "$R/formats.json"
+METHODS=baseline,eagle3,llamacpp
+python_has_llamacpp=$(.venv/bin/python -c "import llama_cpp" 2>/dev/null && echo yes || echo no)
+[ "$python_has_llamacpp" = yes ] || METHODS=baseline,eagle3
+for weights in int8 native; do
+  run "bench-bf16-$weights" $SD bench --methods "$METHODS" --dtype bfloat16 --weights "$weights" --threads "$THREADS" \
+      --prompts "$SPEC" --per-category 2 --max-new-tokens 128 --warmup 1 --no-store --out "$R/bench-bf16-$weights.jsonl"
+done
