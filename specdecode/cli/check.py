@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config
+from specdecode.core.lossless import TOLERANCES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--tolerance", type=float, default=None,
                    help="largest top-2 logit gap at which a divergence counts as a near-tie, not a bug "
-                        "(default per dtype, measured: float32 1e-3, bfloat16 0.5)")
+                        "(default per dtype, measured: " + ", ".join(
+                            f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items()) + ")")
     p.add_argument("--self-draft", action="store_true",
                    help="draft with the target itself: every proposal must be accepted (checks the machinery)")
     p.add_argument("--out", default=None, help="write per-prompt results as JSON")

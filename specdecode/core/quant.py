@@ -4,12 +4,11 @@ scale per output channel, and computes in the model's dtype ("weight-only int8":
 ``int8wo``, vLLM's W8A16). The embedding table stays in the model dtype (a lookup reads one row).
 
 Why int8: decoding one token streams every weight once, and on this CPU the bf16 matmuls
-run at about half the memory bandwidth. Measured here (bf16 activations, 2 threads,
-SmolLM2-135M, one interleaved run of 4 x 64 tokens): 35.0 ms per decode step with bf16
-weights, 22.0 ms with int8 weights through ``aten._weight_int8pack_mm``; a forward over k
-tokens: k=1 36.7 vs 23.1 ms, k=4 40.6 vs 29.4, k=8 46.4 vs 49.7, k=16 54.7 vs 73.1 (the int8
-kernel's cost grows with the rows, so small verify trees suit it). Held-out perplexity on 24
-long passages (11,190 tokens): 15.550 bf16, 15.625 int8.
+run far below the memory bandwidth. Measured by ``benchmarks/engine_speed.sh``
+(``benchmarks/results/engine/formats.txt``; bf16 activations, 2 threads, SmolLM2-135M): a
+forward over k tokens with bf16 vs int8 weights, k=1 (a decode step) 32.0 vs 21.1 ms, k=3 34.7
+vs 26.5, k=8 39.3 vs 42.1, k=16 46.8 vs 61.9 (the int8 kernel's cost grows with the rows, so
+small verify trees suit it); held-out perplexity 15.923 vs 16.011 (fp32: 15.932).
 
 Both paths compute y = (x @ q^T) * s with the same int8 weights and scales (a kernel for up to
 32 rows, one GEMM beyond): speculative decoding stays lossless relative to the model as
@@ -78,12 +77,17 @@ class Int8Linear(nn.Module):
         __call__ = forward
 
 
+def check_weight_format(weights: str) -> None:
+    """Refuse an unknown weight format, naming the known ones."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+
+
 def quantize_weights(model: nn.Module, weights: str) -> int:
     """Put ``model``'s linear layers in the ``weights`` format, in place; returns how many
     layers changed. ``native`` changes nothing. A weight shared with another module (the tied
     lm_head) gets its own int8 copy; the embedding keeps the original."""
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weights!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+    check_weight_format(weights)
     if weights == "native":
         return 0
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import torch
 
-from specdecode.core.quant import WEIGHT_FORMATS, quantize_weights
+from specdecode.core.quant import check_weight_format, quantize_weights
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
@@ -78,8 +78,7 @@ def start(config: RuntimeConfig) -> Session:
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
     dtype = parse_dtype(config.dtype)
-    if config.weights not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {config.weights!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+    check_weight_format(config.weights)  # before the model loads
     rank, size = world()
     if size > 1 and config.weights != "native":
         raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")

@@ -148,7 +148,9 @@ def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: 
                 res.finish_reason = choice["finish_reason"]
             ids = choice.get("token_ids")
             if isinstance(ids, list):
-                res.token_ids = (res.token_ids or []) + [int(i) for i in ids]
+                if res.token_ids is None:
+                    res.token_ids = []
+                res.token_ids.extend(int(i) for i in ids)
             if content or reasoning:
                 now = time.perf_counter()
                 if last_content is None:
