@@ -49,7 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "output tok/s, failures, and the server's own speculative metrics")
     r.add_argument("--endpoint-model", default=None, help="model name to request (default: the first of /v1/models)")
     r.add_argument("--api", choices=("chat", "completions"), default="chat")
-    r.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    r.add_argument("--concurrency", default=None, metavar="N[,N...]",
+                   help="requests in flight at once (remote: one value, default 1); without --endpoint, a list "
+                        "such as 1,2,4,8 runs the prompts through continuous batching in this process instead of "
+                        "the per-prompt comparison: total and per-request tok/s, TTFT, TPOT per spec policy")
+    r.add_argument("--spec-policy", default="never,always,auto", metavar="POLICY[,POLICY...]",
+                   help="local --concurrency runs: spec policies to measure (default: never,always,auto)")
     r.add_argument("--api-key", default=None, help="bearer token (default: $SPECDECODE_API_KEY or $OPENAI_API_KEY)")
     r.add_argument("--temperature", type=float, default=0.0)
     add_model_args(p)
@@ -78,8 +83,14 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
 
     console = Console(stderr=True)
+    concurrency = parse_int_list(args.concurrency or "1", "--concurrency")
     if args.endpoint:
+        if len(concurrency) != 1:
+            raise ValueError(f"--endpoint measures one concurrency per run; got {args.concurrency}")
+        args.concurrency = concurrency[0]
         return run_remote(args, console)
+    if args.concurrency is not None:
+        return run_batched(args, concurrency, console)
     session = start(runtime_config(args))
     bench = prepare_bench(bench_config(args), session)
     for w in profile_contradictions(bench.fingerprint):
@@ -115,6 +126,85 @@ def run(args: argparse.Namespace) -> int:
                             result.meta), store, args.out, console)
     for w in warnings:  # again at the end, where the eye lands
         console.print(w, style="bold red", markup=False, highlight=False)
+    return 0
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes integers separated by commas, e.g. 1,2,4; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} values must be >= 1; got {text!r}")
+    return values
+
+
+def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) -> int:
+    """``bench --concurrency 1,2,4`` without ``--endpoint``: continuous batching in this process."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from specdecode.bench.batched import measure_batched
+    from specdecode.bench.harness import run_fingerprint
+    from specdecode.bench.store import ResultsStore, Run, new_run_id, now
+    from specdecode.cli.common import runtime_config, save_and_report
+    from specdecode.core.batching import SPEC_POLICIES
+    from specdecode.io.prompts import encode_prompt
+    from specdecode.runtime.decoders import DecoderSpec, build_decoder
+    from specdecode.runtime.device import resolve_device
+    from specdecode.runtime.session import on_passing_thread, start
+
+    policies = [p.strip() for p in args.spec_policy.split(",") if p.strip()]
+    bad = [p for p in policies if p not in SPEC_POLICIES]
+    if bad or not policies:
+        raise ValueError(f"--spec-policy takes {', '.join(SPEC_POLICIES)} separated by commas; "
+                         f"got {args.spec_policy!r}")
+    if args.baseline_from or args.op_profile or args.runs != 1:
+        raise ValueError("--baseline-from, --op-profile and --runs are for the per-prompt comparison; drop them "
+                         "with a local --concurrency run")
+    config = bench_config(args)
+    prompts = config.load_prompts()
+    runtime = runtime_config(args)
+
+    def load():
+        session = start(runtime)
+        return session, build_decoder(DecoderSpec(drafter=args.drafter), session)
+
+    # the model loads on a thread that ends: this thread then owns torch's only OpenMP team
+    session, decoder = on_passing_thread(load) if resolve_device(runtime.device).type == "cpu" else load()
+    ids = [encode_prompt(p, session.loaded.tokenizer) for p in prompts]
+    if not decoder.is_speculative:
+        policies = ["never"]
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("requests", total=len(ids) * len(policies) * len(concurrency))
+        for policy in policies:
+            for c in concurrency:
+                if args.warmup:
+                    measure_batched(session, decoder, ids[:min(c, len(ids))], 16, c, policy)
+                rows.append(measure_batched(session, decoder, ids, args.max_new_tokens, c, policy,
+                                            on_done=lambda: progress.advance(task)))
+    for row in rows:
+        one = next((r for r in rows if r["policy"] == row["policy"] and r["concurrency"] == 1), None)
+        row["total_vs_c1"] = row["output_tok_per_s"] / one["output_tok_per_s"] if one else None
+        row["ttft_vs_c1"] = row["ttft_ms_median"] / one["ttft_ms_median"] if one else None
+    table = Table(title=f"specdecode bench --concurrency (in process, continuous batching): {len(ids)} prompts, "
+                        f"{args.max_new_tokens} new tokens, {session.dtype}, {session.threads} threads, "
+                        f"{decoder.description}")
+    for col in ("policy", "concurrency", "total tok/s", "x c1", "per-request tok/s", "TTFT ms", "TTFT x c1",
+                "TPOT ms", "batch", "spec steps", "accept len"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in rows:
+        table.add_row(r["policy"], str(r["concurrency"]), f"{r['output_tok_per_s']:.1f}",
+                      _fmt_opt(r["total_vs_c1"], ".2f"), f"{r['request_tok_per_s_median']:.1f}",
+                      f"{r['ttft_ms_median']:.0f}", _fmt_opt(r["ttft_vs_c1"], ".2f"), f"{r['tpot_ms_median']:.1f}",
+                      f"{r['batch_mean']:.1f}", f"{100 * r['spec_step_share']:.0f}%",
+                      _fmt_opt(r["accept_length"], ".2f"))
+    _stdout_console().print(table)
+    fingerprint = run_fingerprint(session, [decoder.drafter_path] if decoder.drafter_path else [])
+    save_and_report(Run(new_run_id(), "bench-batched", now(), fingerprint, rows, [],
+                        {"max_new_tokens": args.max_new_tokens, "prompts": len(ids), "decoder": decoder.description}),
+                    None if args.no_store else ResultsStore(args.store), args.out, console)
     return 0
 
 

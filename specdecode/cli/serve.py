@@ -9,6 +9,7 @@ import logging
 import os
 
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config
+from specdecode.core.batching import SPEC_POLICIES, BatchConfig
 from specdecode.serving.config import ServeConfig
 
 _DEFAULTS = ServeConfig()
@@ -41,6 +42,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"larger request bodies get 413 (default: {d.max_body_bytes})")
     g.add_argument("--max-queued", type=int, default=d.max_queued,
                    help=f"requests waiting beyond this get 503 (default: {d.max_queued})")
+    b = d.batch
+    g.add_argument("--max-running-requests", type=int, default=b.slots,
+                   help=f"requests decoded together in one batch; more wait in the queue (default: {b.slots})")
+    g.add_argument("--context-length", type=int, default=None,
+                   help="tokens per request (prompt + new tokens + speculative slots); the KV cache holds "
+                        "this many per running request (default: the model's context)")
+    g.add_argument("--chunked-prefill-size", type=int, default=b.prefill_chunk,
+                   help=f"prompt tokens prefilled per step, so a long prompt does not stall the running "
+                        f"requests (default: {b.prefill_chunk})")
+    g.add_argument("--spec-policy", choices=SPEC_POLICIES, default=b.spec_policy,
+                   help="when to speculate: always, never, or auto (measure both per batch size and keep "
+                        f"the faster; default: {b.spec_policy})")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help="seconds a shutdown waits for running requests (default: 30)")
     g.add_argument("--log-interval", type=float, default=d.log_interval,
@@ -53,11 +66,18 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_body_bytes < 1 or args.max_queued < 0:
         raise ValueError("--max-body-bytes must be >= 1 and --max-queued >= 0")
+    for flag, value, least in (("--max-running-requests", args.max_running_requests, 1),
+                               ("--context-length", args.context_length, 2),
+                               ("--chunked-prefill-size", args.chunked_prefill_size, 1)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    batch = BatchConfig(slots=args.max_running_requests, slot_tokens=args.context_length,
+                        prefill_chunk=args.chunked_prefill_size, spec_policy=args.spec_policy)
     return ServeConfig(host=args.host, port=args.port,
                        api_key=args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
                        max_queued=args.max_queued, shutdown_timeout=args.shutdown_timeout,
-                       log_interval=args.log_interval)
+                       log_interval=args.log_interval, batch=batch)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from specdecode.core.model import (
     build_attention_mask,
     rope_cos_sin,
     rope_inv_freq,
+    slot_attention_mask,
 )
 
 
@@ -91,21 +92,28 @@ class Eagle3Drafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    def new_cache(self, max_len: int) -> KVCache:
-        return KVCache(self.config.layer, 1, max_len, self.dtype, self.device)
+    def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache:
+        return KVCache(self.config.layer, batch_size, max_len, self.dtype, self.device)
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         return draft_ids + self.d2t[draft_ids]
 
     def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                attention_mask: Tensor | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """One draft step for ``tokens`` [B, T] paired with ``hidden`` [B, T, 3*H_t] (fused
         target taps) or [B, T, H] (the draft's own output). Returns draft-vocab logits and
-        the pre-norm output hidden state that the next step feeds back."""
+        the pre-norm output hidden state that the next step feeds back. ``slots``: per-row
+        cache slots with a [B, T, S] mask, as in ``Transformer.forward``."""
         B, T = tokens.shape
-        start = cache.length
-        if start + T > cache.max_len:
-            raise ValueError(f"draft cache overflow: {start + T} > {cache.max_len}")
+        start: int | Tensor = cache.length
+        mask: Tensor | None
+        if slots is not None:
+            mask = slot_attention_mask(attention_mask, slots, cache.max_len)
+            start = slots
+        elif cache.length + T > cache.max_len:
+            raise ValueError(f"draft cache overflow: {cache.length + T} > {cache.max_len}")
+        else:
+            mask = build_attention_mask(attention_mask, T, cache.length, self.device)
         if positions.dim() == 1:
             positions = positions.expand(B, T)
         if hidden.shape[-1] != self.config.hidden_size:
@@ -113,10 +121,10 @@ class Eagle3Drafter(nn.Module):
         layer = self.midlayer
         x = torch.cat((layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(hidden)), dim=-1)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        mask = build_attention_mask(attention_mask, T, start, self.device)
         h = hidden + layer.self_attn(x, cos, sin, cache.k[0], cache.v[0], start, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        cache.length = start + T
+        if slots is None:
+            cache.length += T
         return self.lm_head(self.norm(h)), h
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward

@@ -156,6 +156,23 @@ class KVCache(nn.Module):
         self.max_len = max_len
         self.length = 0
 
+    @classmethod
+    def over(cls, k: Tensor, v: Tensor, length: int = 0) -> KVCache:
+        """A cache over existing storage (views of a pool's rows): no allocation; writes go
+        into the pool. Continuous batching gives each request such a view for its prefill
+        and its tree compaction."""
+        cache = cls.__new__(cls)
+        nn.Module.__init__(cache)
+        cache.register_buffer("k", k, persistent=False)
+        cache.register_buffer("v", v, persistent=False)
+        cache.max_len = k.shape[3]
+        cache.length = length
+        return cache
+
+    def rows(self, start: int, stop: int, length: int = 0) -> KVCache:
+        """Rows ``[start, stop)`` of this cache as a cache of their own (shared storage)."""
+        return KVCache.over(self.k[:, start:stop], self.v[:, start:stop], length)
+
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
@@ -204,14 +221,26 @@ class Attention(nn.Module):
         self.split = (q, kv, kv)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer_k: Tensor, layer_v: Tensor,
-                start: int, mask: Tensor | None) -> Tensor:
+                start: int | Tensor, mask: Tensor | None) -> Tensor:
+        """``start``: the cache slot of the first new token (every row appends there), or a
+        [B, T] tensor of slots per row and token (rows of different lengths in one batch;
+        keys are then slots ``[0, S)`` with S the mask's last dimension)."""
         B, T, _ = x.shape
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)  # type: ignore[no-untyped-call]  # Tensor.split: untyped
         q = apply_rope(q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
         k = apply_rope(k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-        layer_k[:, :, start:start + T] = k
-        layer_v[:, :, start:start + T] = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        keys, values = layer_k[:, :, :start + T], layer_v[:, :, :start + T]
+        if isinstance(start, Tensor):
+            if mask is None:
+                raise ValueError("per-row cache slots need an explicit [B, T, S] attention mask")
+            rows = torch.arange(B, device=x.device)[:, None]
+            layer_k[rows, :, start] = k.transpose(1, 2)  # [B, T, kv, D] at each row's slots
+            layer_v[rows, :, start] = v.view(B, T, self.n_kv, self.head_dim)
+            span = mask.shape[-1]
+        else:
+            layer_k[:, :, start:start + T] = k
+            layer_v[:, :, start:start + T] = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+            span = start + T
+        keys, values = layer_k[:, :, :span], layer_v[:, :, :span]
         if T <= _SMALL_QUERY and q.dtype in (torch.bfloat16, torch.float16):
             out = small_query_attention(q, keys, values, mask)
         else:
@@ -245,7 +274,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer_k: Tensor, layer_v: Tensor,
-                start: int, mask: Tensor | None) -> Tensor:
+                start: int | Tensor, mask: Tensor | None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_k, layer_v, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -294,7 +323,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, positions: Tensor, cache: KVCache,
                 attention_mask: Tensor | None = None,
                 hidden_layers: Sequence[int] = (),
-                logits_at: Tensor | None = None) -> ForwardOutput:
+                logits_at: Tensor | None = None, slots: Tensor | None = None) -> ForwardOutput:
         """Run ``tokens`` [B, T] at ``positions`` [B, T] (or [T]), appending their keys and
         values to ``cache`` at slots ``cache.length ...``.
 
@@ -304,17 +333,25 @@ class Transformer(nn.Module):
         S = cache.length + T gives full control (padding in batched generation).
         hidden_layers: indices of layers whose *input* hidden states to return.
         logits_at: indices along T for which to compute logits (prefill needs one).
+        slots: [B, T] cache slot of each new token, per row (continuous batching: rows of
+        different lengths); then ``attention_mask`` [B, T, S] is required, keys are slots
+        ``[0, S)`` and ``cache.length`` is left to the caller.
         """
         B, T = tokens.shape
-        start = cache.length
-        if start + T > cache.max_len:
-            raise ValueError(
-                f"sequence of {start + T} tokens exceeds the KV cache ({cache.max_len}); "
-                "use a shorter prompt / fewer new tokens or a larger max_len"
-            )
+        start: int | Tensor = cache.length
+        mask: Tensor | None
+        if slots is not None:
+            mask = slot_attention_mask(attention_mask, slots, cache.max_len)
+            start = slots
+        else:
+            if cache.length + T > cache.max_len:
+                raise ValueError(
+                    f"sequence of {cache.length + T} tokens exceeds the KV cache ({cache.max_len}); "
+                    "use a shorter prompt / fewer new tokens or a larger max_len"
+                )
+            mask = build_attention_mask(attention_mask, T, cache.length, self.device)
         if positions.dim() == 1:
             positions = positions.expand(B, T)
-        mask = build_attention_mask(attention_mask, T, start, self.device)
         cos, sin = self.rope(positions)
         x: Tensor = self.embed_tokens(tokens)
         taps = set(hidden_layers)
@@ -327,7 +364,8 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
         if self.config.num_layers in taps:
             hidden[self.config.num_layers] = x
-        cache.length = start + T
+        if slots is None:
+            cache.length += T
         if logits_at is not None:
             x = x[:, logits_at]
         logits = self.lm_head(self.norm(x))
@@ -342,6 +380,20 @@ def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tup
     freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def slot_attention_mask(mask: Tensor | None, slots: Tensor, max_len: int) -> Tensor:
+    """Check a per-row [B, T, S] mask against per-row ``slots`` [B, T]; the SDPA shape."""
+    B, T = slots.shape
+    if mask is None or mask.dim() != 3 or mask.shape[:2] != (B, T):
+        raise ValueError(f"per-row cache slots [{B}, {T}] need a [{B}, {T}, S] attention mask, got "
+                         f"{None if mask is None else tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"attention_mask must be bool, got {mask.dtype}")
+    if mask.shape[-1] > max_len or int(slots.max()) >= max_len:
+        raise ValueError(f"cache slots up to {int(slots.max())} (keys {mask.shape[-1]}) exceed the KV cache "
+                         f"({max_len}); use shorter requests or larger slots")
+    return mask.view(B, 1, T, -1)
 
 
 def build_attention_mask(mask: Tensor | None, T: int, start: int, device: torch.device) -> Tensor | None:

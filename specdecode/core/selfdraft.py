@@ -41,8 +41,8 @@ class SelfDrafter(nn.Module):
     def device(self) -> torch.device:
         return self.proposer.device
 
-    def new_cache(self, max_len: int) -> KVCache:
-        return self.proposer.new_cache(1, max_len)
+    def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache:
+        return self.proposer.new_cache(batch_size, max_len)
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         return draft_ids

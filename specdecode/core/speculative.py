@@ -25,7 +25,7 @@ from torch import Tensor
 from specdecode.core.engine import DecodeStep, check_context
 from specdecode.core.model import KVCache, Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
-from specdecode.core.sampling import SamplingParams, logits_to_probs, sample, sample_from_probs
+from specdecode.core.sampling import SamplingParams, sample
 
 
 def max_draft_tokens(num_steps: int, topk: int) -> int:
@@ -94,7 +94,7 @@ class Drafter(Protocol):
     @property
     def config(self) -> AuxLayerConfig: ...
 
-    def new_cache(self, max_len: int) -> KVCache: ...
+    def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache: ...
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor: ...
 
@@ -252,27 +252,25 @@ def accept_greedy(tree: DraftTree, ver: Verification) -> Acceptance:
 
 def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
                     generator: torch.Generator | None) -> Acceptance:
-    """Multi-candidate speculative sampling, exact for the target distribution.
+    """Speculative sampling for deterministic (top-k) draft candidates, exact for the target.
 
-    Draft candidates are deterministic (top-k), i.e. point-mass proposals. At a node with
-    target distribution p, child c is accepted with probability p_res(c) (the residual
-    min(1, p/q) with q = 1); on rejection p_res(c) is set to 0 and p_res renormalized;
-    when every child is rejected the bonus token is drawn from p_res. Each emitted token
-    is therefore an exact draw from p (the chain rule gives P(c_i) = p(c_i))."""
+    At each node the target's own token is drawn from its distribution p there (``sample``,
+    exactly as the baseline draws it); if a child holds that token the path goes on, else the
+    draw is the bonus token. Every emitted token is a draw from p, so the output follows the
+    target's distribution exactly; a child c is accepted with probability p(c), the same as
+    the residual scheme for point-mass proposals (min(1, p/q) with q = 1, then renormalise),
+    so nothing is lost in acceptance. And one draw per emitted token, in the baseline's
+    order, means a seeded request gives the same tokens speculating or not, alone or in a
+    batch (up to the float differences of the logits)."""
     tokens = tree.tokens.tolist()
     kids = tree.children()
     path = [0]
     while True:
-        probs = logits_to_probs(ver.logits[path[-1]], params)
-        for c in kids[path[-1]]:
-            mass = probs.sum()
-            pc = probs[tokens[c]]
-            if pc > 0 and torch.rand((), generator=generator, device=probs.device) * mass < pc:
-                path.append(c)
-                break
-            probs[tokens[c]] = 0.0
-        else:
-            return Acceptance(path, int(sample_from_probs(probs, generator)))
+        drawn = int(sample(ver.logits[path[-1]], params, generator))
+        nxt = next((c for c in kids[path[-1]] if tokens[c] == drawn), None)
+        if nxt is None:
+            return Acceptance(path, drawn)
+        path.append(nxt)
 
 
 # ---------------------------------------------------------------- the loop

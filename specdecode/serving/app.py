@@ -3,8 +3,9 @@
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
 (server-sent events with ``stream: true``), ``GET /health``, ``GET /metrics`` (Prometheus).
 
-The model is not thread-safe, so one worker thread (``scheduler``) generates for one request
-at a time, taking requests first come, first served; the event loop never waits on the model.
+The model is not thread-safe, so one worker thread (``scheduler``) generates for every admitted
+request as one batch per step (continuous batching), taking waiting requests first come, first
+served; the event loop never waits on the model.
 """
 
 from __future__ import annotations
@@ -13,19 +14,24 @@ import asyncio
 import contextlib
 import copy
 import hmac
+import logging
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from specdecode.core.engine import Engine, TokenDecoder
+from specdecode.core.batching import BatchConfig, BatchEngine
+from specdecode.core.engine import Engine, TokenDecoder, baseline_decode
+from specdecode.core.speculative import Eagle3Decoder
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import APIError, install_error_handlers
 from specdecode.serving.handlers import ServerState, generate
 from specdecode.serving.metrics import Metrics, report_periodically
-from specdecode.serving.scheduler import Scheduler
+from specdecode.serving.scheduler import Batcher, Scheduler, SerialBatcher
 
+log = logging.getLogger(__name__)
+DEFAULT_BATCH = BatchConfig()
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 
 
@@ -61,23 +67,38 @@ class _CountRequests:
 
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
-               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None) -> FastAPI:
+               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None,
+               batch: BatchConfig = DEFAULT_BATCH) -> FastAPI:
     """The FastAPI app around one model and decoder; the worker starts with the app's lifespan.
-    ``engine``: anything with ``Engine.stream``'s signature to use instead (tensor parallel
-    serving passes rank 0's ``tp.MirroredEngine``)."""
+    The baseline and EAGLE-3 decoders run batched (``batch``: slots, tokens per slot, prefill
+    chunk, spec policy); ``engine``: anything with ``Engine.stream``'s signature to run one
+    request at a time instead (tensor parallel serving passes rank 0's ``tp.MirroredEngine``),
+    as does any other decoder."""
     model = loaded.model
-    spec_config = getattr(decoder, "config", None)
     metrics = Metrics(max_depth=getattr(decoder, "max_depth", 0))
+    batcher: Batcher
+    if engine is None and (decoder is baseline_decode or isinstance(decoder, Eagle3Decoder)):
+        spec = decoder if isinstance(decoder, Eagle3Decoder) else None
+        batcher = BatchEngine(model, loaded.tokenizer, spec.drafter if spec else None, spec.config if spec else None,
+                              batch)
+        context, margin = batcher.limit, batcher.margin
+        log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, spec policy %s",
+                 batch.slots, batcher.limit, batcher.pool_bytes() / 1e9, batcher.policy.name)
+    else:
+        batcher = SerialBatcher(engine or Engine(model, loaded.tokenizer, decoder), metrics.spec)
+        spec_config = getattr(decoder, "config", None)
+        context = model.config.max_position_embeddings
+        margin = getattr(spec_config, "num_draft_tokens", 0) or 0
     state = ServerState(
-        scheduler=Scheduler(engine or Engine(model, loaded.tokenizer, decoder), metrics, max_queued),
+        scheduler=Scheduler(batcher, metrics, max_queued),
         metrics=metrics,
         # Request parsing runs on the event loop while the worker decodes: separate
         # tokenizer objects keep the two threads from sharing one Rust tokenizer.
         tokenizer=copy.deepcopy(loaded.tokenizer),
         model_name=served_model_name,
         vocab_size=model.config.vocab_size,
-        context=model.config.max_position_embeddings,
-        margin=getattr(spec_config, "num_draft_tokens", 0) or 0,
+        context=context,
+        margin=margin,
         api_key=api_key or None,
         max_body_bytes=max_body_bytes,
     )

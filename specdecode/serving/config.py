@@ -3,7 +3,9 @@ purpose: the CLI reads its defaults to build ``serve``'s flags without importing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from specdecode.core.batching import BatchConfig
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_QUEUED = 256
@@ -19,3 +21,4 @@ class ServeConfig:
     max_queued: int = DEFAULT_MAX_QUEUED  # requests waiting beyond this get 503
     shutdown_timeout: float = 30.0  # seconds a shutdown waits for running requests
     log_interval: float = 10.0  # seconds between decode summaries in the log while busy
+    batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching: slots, tokens, spec policy

@@ -17,16 +17,17 @@ class APIError(Exception):
     """An error answered as ``{"error": {message, type, param, code}}`` (OpenAI's shape)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        return JSONResponse(self.body(), status_code=self.status, headers={**headers, **self.headers})
 
 
 def client_gone() -> APIError:
@@ -35,7 +36,8 @@ def client_gone() -> APIError:
 
 
 def shutting_down(message: str = "the server is shutting down") -> APIError:
-    return APIError(503, message, type="server_error", code="shutting_down")
+    # Retry-After: a restarted or other replica may take it (clients such as openai's honour it)
+    return APIError(503, message, type="server_error", code="shutting_down", headers={"Retry-After": "5"})
 
 
 def install_error_handlers(app: FastAPI) -> None:

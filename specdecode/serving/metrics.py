@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specdecode.core.batching import Finished, StepReport
 from specdecode.core.profiler import PHASES, SpecProfile
 from specdecode.io.prometheus import Family, Sample, histogram_samples, render_prometheus, single
 
@@ -19,6 +20,9 @@ log = logging.getLogger(__name__)
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+ACCEPT_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 
 
 class Histogram:
@@ -57,6 +61,9 @@ class Snapshot:
     cycles: int
     drafted: int
     accepted: int
+    steps: int = 0  # decode steps
+    step_rows: int = 0  # rows over those steps (mean batch = step_rows / steps)
+    spec_steps: int = 0
 
 
 class Metrics:
@@ -71,6 +78,37 @@ class Metrics:
         self.per_token = Histogram(PER_TOKEN_BUCKETS)
         self.spec = _SharedProfile(lock=self.lock)
         self.max_depth = max_depth  # the deepest draft position a cycle can accept
+        self.batch_size = Histogram(BATCH_BUCKETS)
+        self.step_tokens = Histogram(STEP_TOKEN_BUCKETS)
+        self.request_accept_length = Histogram(ACCEPT_LENGTH_BUCKETS)
+        self.steps: Counter[str] = Counter()  # decode steps by mode: plain | spec
+        self.step_rows = 0
+        self.prefill_chunks = 0
+
+    def count_step(self, report: StepReport) -> None:
+        """One step of the batch: its size, tokens, mode, speculative cycles and phase times."""
+        with self.lock:
+            if report.prefill_tokens:
+                self.prefill_chunks += 1
+            if not report.batch:
+                return
+            self.steps["spec" if report.speculative else "plain"] += 1
+            self.step_rows += report.batch
+            self.batch_size.observe(report.batch)
+            self.step_tokens.observe(report.tokens)
+            s = self.spec
+            for record in report.cycles:
+                SpecProfile.add(s, record)
+            for phase, seconds in report.phases.items():
+                s.phase_s[phase] = s.phase_s.get(phase, 0.0) + seconds
+            if report.phases:
+                s.phase_s["total"] = s.phase_s.get("total", 0.0) + report.seconds
+
+    def count_finished(self, done: Finished) -> None:
+        """A request that left the batch: its accept length, when it speculated."""
+        if done.profile.cycles:
+            with self.lock:
+                self.request_accept_length.observe(done.profile.accept_length)
 
     def count_request(self, route: str, status: int) -> None:
         with self.lock:
@@ -91,7 +129,8 @@ class Metrics:
     def snapshot(self) -> Snapshot:
         with self.lock:
             s = self.spec
-            return Snapshot(time.perf_counter(), self.generated_tokens, s.cycles, s.drafted, s.accepted)
+            return Snapshot(time.perf_counter(), self.generated_tokens, s.cycles, s.drafted, s.accepted,
+                            sum(self.steps.values()), self.step_rows, self.steps["spec"])
 
     def render(self, running: int, queued: int) -> str:
         """The Prometheus text exposition of every metric."""
@@ -106,8 +145,16 @@ class Metrics:
             Family("specdecode_requests_total", "counter", "HTTP requests by route and status.",
                    [Sample("specdecode_requests_total", {"route": r, "status": st}, n)
                     for (r, st), n in sorted(self.requests.items())]),
-            single("specdecode_requests_running", "gauge", "Requests generating now (at most 1).", running),
-            single("specdecode_requests_queued", "gauge", "Requests waiting for the worker.", queued),
+            single("specdecode_requests_running", "gauge", "Requests in the batch now (prefill or decode).", running),
+            single("specdecode_requests_queued", "gauge", "Requests waiting for a batch slot.", queued),
+            Family("specdecode_decode_steps_total", "counter", "Batched decode steps by mode (plain or spec).",
+                   [Sample("specdecode_decode_steps_total", {"mode": m}, self.steps[m]) for m in ("plain", "spec")]),
+            single("specdecode_prefill_chunks_total", "counter", "Prefill chunks run (one per step at most).",
+                   self.prefill_chunks),
+            self.batch_size.family("specdecode_batch_size", "Requests decoded together per decode step."),
+            self.step_tokens.family("specdecode_step_tokens", "Tokens generated per decode step (all requests)."),
+            self.request_accept_length.family("specdecode_request_accept_length",
+                                              "Accept length per finished request that speculated."),
             single("specdecode_prompt_tokens_total", "counter", "Prompt tokens of requests started.",
                    self.prompt_tokens),
             single("specdecode_generation_tokens_total", "counter", "Tokens generated (stop tokens included).",
@@ -133,14 +180,18 @@ class Metrics:
 
 
 def decode_log_line(before: Snapshot, after: Snapshot, running: int, queued: int) -> str:
-    """The periodic decode summary over the interval between two snapshots."""
+    """The periodic decode summary over the interval between two snapshots (SGLang's fields:
+    ``#running-req``, ``#queue-req``, ``accept len``, ``gen throughput``)."""
     seconds = max(after.time - before.time, 1e-9)
     cycles, drafted = after.cycles - before.cycles, after.drafted - before.drafted
     accepted = after.accepted - before.accepted
+    steps = after.steps - before.steps
+    batch = (f"batch {(after.step_rows - before.step_rows) / steps:.1f}, "
+             f"spec steps {100 * (after.spec_steps - before.spec_steps) / steps:.0f}%, " if steps else "")
     spec = (f"accept len {1 + accepted / cycles:.2f}, accept rate {accepted / drafted:.2f}, "
             if cycles and drafted else "")
-    return (f"decode: {spec}gen throughput {(after.generated - before.generated) / seconds:.1f} tok/s, "
-            f"running {running}, queued {queued}")
+    return (f"decode: #running-req {running}, #queue-req {queued}, {batch}{spec}"
+            f"gen throughput {(after.generated - before.generated) / seconds:.1f} tok/s")
 
 
 async def report_periodically(metrics: Metrics, load: Callable[[], tuple[int, int]], interval_s: float) -> None:

@@ -1,8 +1,11 @@
-"""The worker: one thread generates for one request at a time, first come, first served.
+"""The worker: one thread runs every admitted request as one batch per step (continuous
+batching, ``core.batching.BatchEngine``), taking waiting requests first come, first served
+into free slots between steps.
 
-It steps ``Engine.stream`` chunk by chunk and hands every chunk to the request's asyncio
-queue (``call_soon_threadsafe``): the event loop never waits on the model, and a request
-whose client went away is dropped at the next chunk.
+It hands every chunk to its request's asyncio queue (``call_soon_threadsafe``): the event loop
+never waits on the model. A request whose client went away leaves the batch before the next
+step, freeing its slot at once. Waiting requests are bounded (``max_queued``): beyond that a
+503 with ``Retry-After`` says when to come back.
 """
 
 from __future__ import annotations
@@ -10,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
+from specdecode.core.batching import Finished, StepReport
 from specdecode.core.engine import Engine, GenerateOptions, StreamChunk
+from specdecode.core.profiler import SpecProfile
 from specdecode.serving.config import DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import APIError, shutting_down
 from specdecode.serving.metrics import Metrics
@@ -36,6 +43,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     accepted_at: float = field(default_factory=time.perf_counter)
+    last_token_at: float | None = None  # when its previous tokens were delivered (worker thread)
 
     def post(self, event: object) -> None:
         """Called from the worker thread."""
@@ -49,16 +57,91 @@ class Job:
             yield event
 
 
-class Scheduler:
-    """One worker thread, a FIFO of waiting jobs, and the shutdown sequence."""
+class Batcher(Protocol):
+    """What the worker drives: ``core.batching.BatchEngine``, or ``SerialBatcher`` (one request
+    at a time through ``Engine.stream``, for tensor-parallel mirroring and custom decoders)."""
 
-    def __init__(self, engine: Engine, metrics: Metrics, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
-        self.engine = engine
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def allocate(self) -> None: ...
+
+    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> None: ...
+
+    def remove(self, key: Hashable) -> Finished | None: ...
+
+    def step(self) -> StepReport: ...
+
+
+class SerialBatcher:
+    """One request at a time through anything with ``Engine.stream``'s signature; each step is
+    one chunk of its stream. Speculative cycles go straight into ``profile``."""
+
+    def __init__(self, engine: Engine, profile: SpecProfile | None = None) -> None:
+        self.engine, self.profile = engine, profile
+        self._key: Hashable = None
+        self._stream: Iterator[StreamChunk] | None = None
+        self._generated = 0
+
+    @property
+    def active(self) -> int:
+        return int(self._stream is not None)
+
+    @property
+    def free_slots(self) -> int:
+        return 1 - self.active
+
+    def allocate(self) -> None:
+        """Nothing to allocate: ``Engine.stream`` makes each request's cache."""
+
+    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> None:
+        if self._stream is not None:
+            raise RuntimeError("the serial batcher runs one request at a time")
+        self._key, self._generated = key, 0
+        self._stream = self.engine.stream(prompt_ids, options, self.profile)
+
+    def remove(self, key: Hashable) -> Finished | None:
+        if self._stream is None or key != self._key:
+            return None
+        self._close()
+        return Finished(key, "cancelled", self._generated, SpecProfile())
+
+    def step(self) -> StepReport:
+        report = StepReport()
+        if self._stream is None:
+            return report
+        t0 = time.perf_counter()
+        chunk = next(self._stream, None) or StreamChunk([], "", "length")
+        report.seconds, report.batch, report.tokens = time.perf_counter() - t0, 1, len(chunk.token_ids)
+        self._generated += len(chunk.token_ids)
+        report.events.append((self._key, chunk))
+        if chunk.finish_reason:
+            report.finished.append(Finished(self._key, chunk.finish_reason, self._generated, SpecProfile()))
+            self._close()
+        return report
+
+    def _close(self) -> None:
+        if isinstance(self._stream, Generator):  # Engine.stream's is: close it so its cleanup runs now
+            self._stream.close()
+        self._stream = None
+
+
+class Scheduler:
+    """One worker thread running a ``Batcher``, a bounded FIFO of waiting jobs, and the shutdown
+    sequence."""
+
+    def __init__(self, batcher: Batcher, metrics: Metrics, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+        self.batcher = batcher
         self.metrics = metrics
         self.max_queued = max_queued
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
-        self._running: Job | None = None
+        self._running: dict[int, Job] = {}  # id(job) -> job, admitted into the batch
+        self._gone: list[Job] = []  # running jobs whose clients left: removed before the next step
+        self._request_s = 0.0  # moving average of a request's time in the batch (for Retry-After)
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._work, name="specdecode-worker", daemon=True)
@@ -69,7 +152,8 @@ class Scheduler:
 
     def load(self) -> tuple[int, int]:
         """(running, queued)."""
-        return int(self._running is not None), len(self._waiting)
+        with self._cv:
+            return len(self._running), len(self._waiting)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -81,17 +165,29 @@ class Scheduler:
             if self._closing:
                 raise shutting_down()
             if len(self._waiting) >= self.max_queued:
-                raise APIError(503, f"the server is overloaded ({len(self._waiting)} requests queued); retry later",
-                               type="server_error", code="overloaded")
+                wait = self.retry_after_s()
+                raise APIError(503, f"the server is overloaded ({len(self._running)} requests running, "
+                                    f"{len(self._waiting)} queued, the most it queues); retry in about {wait} s",
+                               type="server_error", code="overloaded", headers={"Retry-After": str(wait)})
             self._waiting.append(job)
             self._cv.notify()
         return job
 
+    def retry_after_s(self) -> int:
+        """Seconds until the queue has room again, about: the queued requests over the running
+        ones, times a request's measured time in the batch (1 s before any finished)."""
+        rounds = (len(self._waiting) + 1) / max(len(self._running), 1)
+        return max(1, min(600, math.ceil(rounds * (self._request_s or 1.0))))
+
     def cancel(self, job: Job) -> None:
-        """Drop a job: taken off the queue, or stopped by the worker at its next chunk."""
+        """Drop a job: taken off the queue, or out of the batch before the worker's next step."""
         job.cancelled.set()
-        with self._cv, contextlib.suppress(ValueError):
-            self._waiting.remove(job)
+        with self._cv:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(job)
+            if id(job) in self._running:
+                self._gone.append(job)
+                self._cv.notify()
 
     def close(self) -> None:
         """Take no new jobs and fail the waiting ones; the running one finishes."""
@@ -113,41 +209,81 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _next(self) -> Job | None:
+    def _admit(self) -> tuple[list[Job], list[Job]] | None:
+        """Under the lock: wait for work; take leaving jobs out and waiting ones in. None: stop."""
         with self._cv:
-            while not self._waiting and not self._closing:
+            while not self._waiting and not self._running and not self._closing:
                 self._cv.wait()
-            if not self._waiting:
+            if not self._waiting and not self._running:
                 return None
-            self._running = self._waiting.popleft()
-            return self._running
+            gone, self._gone = self._gone, []
+            for job in gone:
+                self._running.pop(id(job), None)
+            joined: list[Job] = []
+            while self._waiting and self.batcher.free_slots - len(joined) + len(gone) > 0:
+                job = self._waiting.popleft()
+                if not job.cancelled.is_set():  # else its client left while it waited: skip the prefill
+                    self._running[id(job)] = job
+                    joined.append(job)
+                else:
+                    job.post(END)
+            return gone, joined
 
     def _work(self) -> None:
-        while (job := self._next()) is not None:
-            if not job.cancelled.is_set():  # else its client left while it waited: skip the prefill
-                self._generate(job)
-            with self._cv:
-                self._running = None
-            job.post(END)  # after the bookkeeping: a client that saw its end finds the worker idle
+        self.batcher.allocate()  # on this thread: see BatchEngine.allocate
+        while (admitted := self._admit()) is not None:
+            gone, joined = admitted
+            for job in gone:
+                self.batcher.remove(id(job))
+                job.post(END)
+            for job in joined:
+                self.metrics.count_prompt(len(job.prompt_ids))
+                try:
+                    self.batcher.add(id(job), job.prompt_ids, job.options)
+                except Exception:  # the handlers checked the request: a bug; this request fails, not the server
+                    log.exception("a request could not join the batch")
+                    with self._cv:
+                        self._running.pop(id(job), None)
+                    job.post(APIError(500, "the request could not be started; see the server log",
+                                      type="server_error"))
+                    job.post(END)
+            if not self.batcher.active:
+                continue
+            try:
+                report = self.batcher.step()
+            except Exception:  # a bug or a device failure: these requests fail, the server goes on
+                log.exception("generation failed")
+                self._fail_running()
+                continue
+            self._deliver(report)
 
-    def _generate(self, job: Job) -> None:
-        self.metrics.count_prompt(len(job.prompt_ids))
-        stream = self.engine.stream(job.prompt_ids, job.options, self.metrics.spec)
-        last = None  # when the previous tokens came
-        try:
-            for chunk in stream:
-                if job.cancelled.is_set():
-                    return
-                if chunk.token_ids:
-                    now = time.perf_counter()
-                    per_token = None if last is None else (now - last) / len(chunk.token_ids)
-                    ttft = now - job.accepted_at if last is None else None
-                    self.metrics.count_tokens(len(chunk.token_ids), ttft, per_token)
-                    last = now
-                job.post(chunk)  # after counting, so /metrics never lags what a client saw
-        except Exception:  # a bug or a device failure: this request fails, the server goes on
-            log.exception("generation failed")
+    def _deliver(self, report: StepReport) -> None:
+        now = time.perf_counter()
+        self.metrics.count_step(report)
+        for key, chunk in report.events:
+            job = self._running.get(cast(int, key))  # keys are id(job)
+            if job is None:
+                continue
+            if chunk.token_ids:
+                per_token = None if job.last_token_at is None else (now - job.last_token_at) / len(chunk.token_ids)
+                ttft = now - job.accepted_at if job.last_token_at is None else None
+                self.metrics.count_tokens(len(chunk.token_ids), ttft, per_token)
+                job.last_token_at = now
+            job.post(chunk)  # after counting, so /metrics never lags what a client saw
+        for done in report.finished:
+            with self._cv:
+                job = self._running.pop(cast(int, done.key), None)
+            if job is None:
+                continue
+            self.metrics.count_finished(done)
+            seconds = now - job.accepted_at
+            self._request_s = seconds if not self._request_s else 0.8 * self._request_s + 0.2 * seconds
+            job.post(END)  # after the bookkeeping: a client that saw its end finds the slot free
+
+    def _fail_running(self) -> None:
+        with self._cv:
+            jobs, self._running = list(self._running.values()), {}
+        for job in jobs:
+            self.batcher.remove(id(job))
             job.post(APIError(500, "generation failed; see the server log", type="server_error"))
-        finally:
-            if isinstance(stream, Generator):  # Engine.stream's is: close it so its cleanup runs now
-                stream.close()
+            job.post(END)

@@ -48,9 +48,11 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
     ranks = session.world_size
     mirrored = MirroredEngine(engine) if ranks > 1 else None
     app = create_app(loaded, decoder.decode, name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                     max_queued=config.max_queued, log_interval_s=config.log_interval, engine=mirrored)
+                     max_queued=config.max_queued, log_interval_s=config.log_interval, engine=mirrored,
+                     batch=config.batch)
     log.info("serving %s as '%s' with %s, %s, %d threads%s", loaded.source, name, decoder.description,
-             session.config.dtype, session.threads, f", tensor parallel over {ranks} ranks" if ranks > 1 else "")
+             session.config.dtype, session.threads,
+             f", tensor parallel over {ranks} ranks, one request at a time" if ranks > 1 else "")
     try:
         make_server(app, config.host, config.port, shutdown_timeout_s=config.shutdown_timeout).run()
     finally:

@@ -14,12 +14,11 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
-from specdecode.core.engine import batch_generate
+from specdecode.core.batching import BatchConfig, generate_all
+from specdecode.core.engine import GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import file_fingerprint
@@ -118,7 +117,6 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
     instructions and ask for a new one (sampled, so each request differs).
     ``on_batch(kept, asked)`` after each batch."""
     rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
     tok = loaded.tokenizer
     out: list[PromptRecord] = []
     params = SamplingParams(temperature=1.0, top_p=0.95)
@@ -133,7 +131,8 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
                    "Reply with the task only.")
             prompts.append(tok.encode_chat(ask))
         attempts += batch_size
-        for ids in batch_generate(loaded.model, prompts, 48, params, tok.eos_token_ids, gen):
+        options = [GenerateOptions(48, replace(params, seed=rng.randrange(2**63))) for _ in prompts]
+        for ids in generate_all(loaded.model, prompts, options, tok.eos_token_ids, BatchConfig(slots=batch_size)):
             lines = tok.decode([t for t in ids if t not in tok.eos_token_ids]).strip().splitlines()
             text = re.sub(r"^\d+[.)]\s*", "", lines[0]).strip() if lines else ""
             if 15 <= len(text) <= 300:
@@ -189,29 +188,38 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
         todo = todo[:max(0, cfg.limit - len(done))]
     write_manifest(ds, session, cfg, extra={"status": "building"})
 
-    greedy = SamplingParams()
     sampled = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
-    gen = torch.Generator().manual_seed(cfg.seed + len(done))
+    modes = ["sampled" if rng.random() < cfg.sampled_fraction else "greedy" for _ in todo]
+    options = [GenerateOptions(cfg.max_new_tokens, SamplingParams() if mode == "greedy" else
+                               replace(sampled, seed=rng.randrange(2**63))) for mode in modes]
+    prompts = [tok.encode_chat(list(r.messages))[-cfg.max_prompt_tokens:] for r in todo]
     new_tokens = answered = 0
+    rows: list[tuple[dict, list[int]]] = []
     t0 = time.perf_counter()
     report(BuildProgress("generate", 0, len(todo)))
-    # sort by prompt length within a window: less padding per batch
-    for start in range(0, len(todo), cfg.batch_size):
-        batch = sorted(todo[start:start + cfg.batch_size], key=lambda r: len(r.messages[-1]["content"]))
-        modes = ["sampled" if rng.random() < cfg.sampled_fraction else "greedy" for _ in batch]
-        prompts = [tok.encode_chat(list(r.messages))[-cfg.max_prompt_tokens:] for r in batch]
-        outs = batch_generate(loaded.model, prompts, cfg.max_new_tokens,
-                              [greedy if m == "greedy" else sampled for m in modes], tok.eos_token_ids, gen)
-        rows = []
-        for r, mode, p, o in zip(batch, modes, prompts, outs, strict=True):
-            meta = {"id": r.id, "split": heldout_split(r.id, cfg.heldout_percent), "source": r.source,
-                    "mode": mode, "loss_ranges": [[len(p), len(p) + len(o)]]}
-            rows.append((meta, p + o))
-            new_tokens += len(o)
-        ds.append(rows)
-        answered += len(batch)
+
+    def flush() -> None:
+        ds.append(rows)  # appended as answers finish: a killed build resumes from what was saved
+        rows.clear()
         report(BuildProgress("generate", answered, len(todo), new_tokens=new_tokens,
                              seconds=time.perf_counter() - t0))
+
+    def finished(i: int, ids: list[int]) -> None:
+        nonlocal new_tokens, answered
+        r, p = todo[i], prompts[i]
+        meta = {"id": r.id, "split": heldout_split(r.id, cfg.heldout_percent), "source": r.source,
+                "mode": modes[i], "loss_ranges": [[len(p), len(p) + len(ids)]]}
+        rows.append((meta, p + ids))
+        new_tokens += len(ids)
+        answered += 1
+        if len(rows) >= cfg.batch_size:
+            flush()
+
+    # Continuous batching: a finished answer's slot takes the next prompt at once.
+    generate_all(loaded.model, prompts, options, tok.eos_token_ids, BatchConfig(slots=cfg.batch_size),
+                 on_done=finished)
+    if rows:
+        flush()
     summary = summarize(ds.index()) | {"generated_this_run": new_tokens,
                                        "seconds_this_run": time.perf_counter() - t0}
     write_manifest(ds, session, cfg, extra={"status": "complete", **summary})

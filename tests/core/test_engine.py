@@ -105,19 +105,3 @@ def test_context_overflow_message_has_numbers():
     model = tiny_model()
     with pytest.raises(ContextLengthError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds"):
         next(baseline_decode(model, [1] * 250, 10, SamplingParams()))
-
-
-def test_batch_generate_matches_single_greedy():
-    from specdecode.core.engine import batch_generate
-
-    model = tiny_model(seed=8)
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12, 13, 14]]
-    stop = [5]
-    got = batch_generate(model, prompts, 15, SamplingParams(), stop)
-    for p, g in zip(prompts, got, strict=False):
-        ref = []
-        for step in baseline_decode(model, p, 15, SamplingParams()):
-            ref += step.tokens
-            if ref[-1] in stop:
-                break
-        assert g == ref

@@ -3,6 +3,8 @@ real uvicorn server on a loopback port, and clients for it."""
 
 from __future__ import annotations
 
+import copy
+import time
 from pathlib import Path
 
 import httpx
@@ -10,13 +12,14 @@ import openai
 import pytest
 import torch
 
+from specdecode.core.batching import BatchConfig
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.speculative import Eagle3Decoder
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.app import create_app
 from tests.helpers import tiny_model
-from tests.serving.helpers import CONTEXT, KEY, NAME, SPEC, STEP_S, Running, slow
+from tests.serving.helpers import CONTEXT, KEY, NAME, SPEC, STEP_S, Running
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,11 @@ def server(loaded, decoder):
 
 @pytest.fixture
 def slow_server(loaded):
-    running = Running(create_app(loaded, slow(baseline_decode, STEP_S), NAME, log_interval_s=0.2))
+    """One slot (a second request queues), every forward STEP_S slower: long generations."""
+    model = copy.deepcopy(loaded.model)
+    model.register_forward_pre_hook(lambda *_: time.sleep(STEP_S))
+    slowed = LoadedModel(model, loaded.tokenizer, loaded.source, loaded.model_dir)
+    running = Running(create_app(slowed, baseline_decode, NAME, log_interval_s=0.2, batch=BatchConfig(slots=1)))
     yield running
     if running.thread.is_alive():
         running.stop()

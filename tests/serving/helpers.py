@@ -44,15 +44,6 @@ class Running:
         assert not self.thread.is_alive()
 
 
-def slow(decoder, seconds):
-    """A decoder that takes ``seconds`` per step: long generations for disconnect and shutdown."""
-    def decode(*args):
-        for step in decoder(*args):
-            time.sleep(seconds)
-            yield step
-    return decode
-
-
 def expected(loaded, decoder, prompt_ids, max_tokens, stop=(), sampling=None):
     sampling = SamplingParams() if sampling is None else sampling
     engine = Engine(loaded.model, loaded.tokenizer, decoder)

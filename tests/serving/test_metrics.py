@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from specdecode.core.batching import BatchConfig
 from specdecode.core.engine import Engine, GenerateOptions
 from specdecode.core.profiler import SpecProfile
 from specdecode.core.selfdraft import SelfDrafter
@@ -19,11 +20,12 @@ from tests.serving.helpers import NAME, Running, scrape
 
 def test_decode_log_line():
     a = Snapshot(0.0, 0, 0, 0, 0)
-    b = Snapshot(10.0, 412, 100, 300, 171)
-    assert decode_log_line(a, b, 1, 3) == \
-        "decode: accept len 2.71, accept rate 0.57, gen throughput 41.2 tok/s, running 1, queued 3"
+    b = Snapshot(10.0, 412, 100, 300, 171, steps=120, step_rows=300, spec_steps=100)
+    assert decode_log_line(a, b, 3, 1) == \
+        ("decode: #running-req 3, #queue-req 1, batch 2.5, spec steps 83%, accept len 2.71, accept rate 0.57, "
+         "gen throughput 41.2 tok/s")
     assert decode_log_line(a, Snapshot(2.0, 20, 0, 0, 0), 0, 0) == \
-        "decode: gen throughput 10.0 tok/s, running 0, queued 0"
+        "decode: #running-req 0, #queue-req 0, gen throughput 10.0 tok/s"
 
 
 def test_metrics_text_round_trips_through_the_parser():
@@ -72,7 +74,7 @@ def test_spec_metrics_match_engine_profile(loaded, tokenizer):
     tokens = sum(len(c.token_ids) for c in Engine(loaded.model, loaded.tokenizer, decoder).stream(
         ids, GenerateOptions(40), profile))
     assert profile.accepted > 0
-    running = Running(create_app(loaded, decoder, NAME))
+    running = Running(create_app(loaded, decoder, NAME, batch=BatchConfig(spec_policy="always")))
     try:
         r = httpx.post(running.url + "/v1/completions",
                        json={"model": NAME, "prompt": ids, "max_tokens": 40, "temperature": 0})

@@ -1,10 +1,12 @@
 """The scheduler (``serving/scheduler.py``) under load and through a request's lifecycle: client
 disconnects free the slot, graceful shutdown finishes the running job and fails the queued ones,
-and many concurrent streaming clients."""
+concurrent requests batched (each as alone), a full queue refused with Retry-After, and many
+concurrent streaming clients."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import re
 import signal
@@ -14,7 +16,25 @@ import time
 import httpx
 import pytest
 
-from tests.serving.helpers import CHAT, COMPLETIONS, CONTEXT, KEY, MSG, NAME, SPEC, delta, scrape, sse_events
+from specdecode.core.batching import BatchConfig
+from specdecode.core.engine import baseline_decode
+from specdecode.io.loading import LoadedModel
+from specdecode.serving.app import create_app
+from tests.serving.helpers import (
+    CHAT,
+    COMPLETIONS,
+    CONTEXT,
+    KEY,
+    MSG,
+    NAME,
+    SPEC,
+    STEP_S,
+    Running,
+    delta,
+    expected,
+    scrape,
+    sse_events,
+)
 
 
 def test_client_disconnect_mid_stream_frees_the_slot(slow_server, caplog):
@@ -37,8 +57,8 @@ def test_client_disconnect_mid_stream_frees_the_slot(slow_server, caplog):
     after = scrape(httpx.Client(base_url=base))
     assert delta(before, after, "specdecode_generation_tokens_total") < budget / 2
     assert after["specdecode_requests_running"] == 0 and after["specdecode_requests_queued"] == 0
-    assert any(re.match(r"decode: gen throughput [\d.]+ tok/s, running \d, queued \d", m)
-               for m in caplog.messages), caplog.messages
+    line = r"decode: #running-req \d, #queue-req \d, batch [\d.]+, spec steps 0%, gen throughput [\d.]+ tok/s"
+    assert any(re.match(line, m) for m in caplog.messages), caplog.messages
 
 
 def test_non_stream_disconnect_cancels_the_job(slow_server):
@@ -145,3 +165,63 @@ def test_load_16_concurrent_streaming_clients(server, http, tokenizer):
     assert delta(before, after, "specdecode_spec_draft_tokens_total") == \
         SPEC.max_depth * delta(before, after, "specdecode_spec_cycles_total")
     assert after["specdecode_requests_running"] == 0 and after["specdecode_requests_queued"] == 0
+
+
+def test_concurrent_requests_run_as_one_batch_and_each_equals_alone(server, http, loaded, decoder, tokenizer):
+    """Requests in flight together share decode steps (batch size > 1 in /metrics) and each gets
+    the greedy text it gets alone."""
+    before = scrape(http)
+    asks = [(f"Request number {i} asks:", 6 + 5 * i) for i in range(6)]
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        prompt, max_tokens = asks[i]
+        r = httpx.post(f"{server.url}{COMPLETIONS}", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                       json={"model": NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        assert r.status_code == 200, r.text
+        results[i] = r.json()["choices"][0]["text"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, (prompt, max_tokens) in enumerate(asks):
+        assert results[i] == expected(loaded, decoder, tokenizer.encode(prompt), max_tokens).text, i
+    after = scrape(http)
+    steps = delta(before, after, "specdecode_batch_size_count")
+    assert steps > 0 and delta(before, after, "specdecode_batch_size_sum") / steps > 1.5
+    # 'auto' (the server's policy) may decode a request without speculating: no accept length then
+    assert delta(before, after, "specdecode_request_accept_length_count") <= \
+        delta(before, after, 'specdecode_requests_total{route="/v1/completions",status="200"}') == len(asks)
+
+
+def test_a_full_queue_answers_503_with_retry_after(loaded):
+    """One slot, one queue place: the third request is refused at once with a Retry-After."""
+    model = copy.deepcopy(loaded.model)
+    model.register_forward_pre_hook(lambda *_: time.sleep(STEP_S))
+    app = create_app(LoadedModel(model, loaded.tokenizer, loaded.source, loaded.model_dir), baseline_decode, NAME,
+                     max_queued=1, batch=BatchConfig(slots=1))
+    running = Running(app)
+    base = running.url
+    statuses: list[int] = []
+
+    def long_request() -> None:
+        statuses.append(httpx.post(base + COMPLETIONS, timeout=60, json={
+            "model": NAME, "prompt": "Hi", "max_tokens": 30, "temperature": 0}).status_code)
+
+    try:
+        threads = [threading.Thread(target=long_request) for _ in range(2)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)  # the first is running, the second queued
+        http = httpx.Client(base_url=base)
+        assert scrape(http)["specdecode_requests_queued"] == 1
+        r = httpx.post(base + COMPLETIONS, json={"model": NAME, "prompt": "Hi", "max_tokens": 3}, timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+        assert int(r.headers["retry-after"]) >= 1 and "retry in about" in r.json()["error"]["message"]
+        for t in threads:
+            t.join(60)
+        assert statuses == [200, 200]  # the running and the queued one complete
+    finally:
+        running.stop()

@@ -1,0 +1,73 @@
+"""Local concurrency benchmark: the prompts through continuous batching in this process, a closed
+loop of ``concurrency`` requests in flight (a new one joins as one finishes), per spec policy.
+The same quantities ``bench --endpoint`` measures over HTTP (total and per-request tok/s, TTFT,
+TPOT), without the server: what batching itself gives, e.g. for ``data build``.
+
+``measure_batched(session, decoder, prompt_ids, max_new_tokens, concurrency, policy)`` -> a dict row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from specdecode.core.batching import BatchConfig, BatchEngine, SpecPolicyName
+from specdecode.core.engine import GenerateOptions
+from specdecode.core.profiler import SpecProfile
+from specdecode.runtime.decoders import Decoder
+from specdecode.runtime.session import Session
+
+
+def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+                    concurrency: int, policy: SpecPolicyName,
+                    on_done: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One closed-loop run; greedy; every request's time counts from when it joined the batch."""
+    loaded = session.loaded
+    drafter = getattr(decoder.decode, "drafter", None)
+    engine = BatchEngine(loaded.model, loaded.tokenizer, drafter, decoder.config,
+                         BatchConfig(slots=concurrency, spec_policy=policy))
+    engine.allocate()
+    options = GenerateOptions(max_new_tokens)
+    joined: dict[int, float] = {}
+    first: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    tokens = [0] * len(prompt_ids)
+    profile = SpecProfile()
+    steps = rows = spec_steps = 0
+    queue = list(range(len(prompt_ids)))
+    t0 = time.perf_counter()
+    while queue or engine.active:
+        while queue and engine.free_slots:
+            i = queue.pop(0)
+            joined[i] = time.perf_counter()
+            engine.add(i, prompt_ids[i], options)
+        report = engine.step()
+        now = time.perf_counter()
+        if report.batch:
+            steps, rows, spec_steps = steps + 1, rows + report.batch, spec_steps + report.speculative
+        for record in report.cycles:
+            profile.add(record)
+        for key, chunk in report.events:
+            i = cast(int, key)  # keys are prompt indices
+            if chunk.token_ids and i not in first:
+                first[i] = now
+            tokens[i] += len(chunk.token_ids)
+        for done in report.finished:
+            ended[cast(int, done.key)] = now
+            if on_done:
+                on_done()
+    wall = time.perf_counter() - t0
+    latency = [ended[i] - joined[i] for i in ended]
+    ttft = [first[i] - joined[i] for i in ended]
+    tpot = [(ended[i] - first[i]) / (tokens[i] - 1) for i in ended if tokens[i] > 1]
+    return {
+        "policy": engine.policy.name, "concurrency": concurrency, "requests": len(prompt_ids),
+        "completion_tokens": sum(tokens), "wall_s": wall, "output_tok_per_s": sum(tokens) / wall,
+        "request_tok_per_s_median": statistics.median(t / lat for t, lat in zip(tokens, latency, strict=True)),
+        "ttft_ms_median": 1000 * statistics.median(ttft), "tpot_ms_median": 1000 * statistics.median(tpot),
+        "batch_mean": rows / steps if steps else 0.0, "spec_step_share": spec_steps / steps if steps else 0.0,
+        "accept_length": profile.accept_length if profile.cycles else None,
+        "policy_rates": engine.policy.to_dict(),
+    }

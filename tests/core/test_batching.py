@@ -1,0 +1,216 @@
+"""Continuous batching (``core.batching``): every request of a batch gets exactly what it would
+get alone (greedy tokens in float64, seeded samples, the target's distribution), whatever joins
+or leaves around it, with plain, speculative and measured ('auto') steps."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from specdecode.core.batching import BatchConfig, BatchEngine, BatchFullError, SpecPolicy, generate_all
+from specdecode.core.drafter import random_drafter
+from specdecode.core.engine import ContextLengthError, Engine, GenerateOptions, baseline_decode
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.selfdraft import SelfDrafter
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from tests.core.test_spec_sampling import chi_square_p
+from tests.helpers import perturbed, tiny_model
+
+
+class Tok:
+    eos_token_ids = (3,)
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def run_all(engine, prompts, options, order=None, remove_at=None):
+    """Submit as slots free up; returns each request's tokens (and its Finished record)."""
+    out = {i: [] for i in range(len(prompts))}
+    finished = {}
+    queue = list(order if order is not None else range(len(prompts)))
+    steps = 0
+    while queue or engine.active:
+        while queue and engine.free_slots:
+            i = queue.pop(0)
+            engine.add(i, prompts[i], options[i] if isinstance(options, list) else options)
+        report = engine.step()
+        steps += 1
+        for key, chunk in report.events:
+            out[key] += chunk.token_ids
+        for done in report.finished:
+            finished[done.key] = done
+        if remove_at and steps in remove_at:
+            finished[remove_at[steps]] = engine.remove(remove_at[steps])
+    return out, finished
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=3)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(0)
+    return [[rng.randrange(4, 97) for _ in range(rng.randrange(2, 40))] for _ in range(7)]
+
+
+def drafters(model):
+    return {"eagle3": random_drafter(model, 50, seed=1),
+            "self": SelfDrafter(perturbed(model, 0.05, 1), model, first_token=0)}
+
+
+@pytest.mark.parametrize("policy", ["never", "always", "auto"])
+@pytest.mark.parametrize("kind", ["eagle3", "self"])
+def test_greedy_batch_equals_each_request_alone(model, prompts, policy, kind):
+    drafter = drafters(model)[kind]
+    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    options = GenerateOptions(max_new_tokens=24)  # stop token 3 ends some early
+    alone = [Engine(model, Tok(), Eagle3Decoder(drafter, spec)).generate(p, options).token_ids for p in prompts]
+    # 3 slots for 7 requests (they join as others leave), prompts prefilled 5 tokens per step
+    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=3, prefill_chunk=5, spec_policy=policy))
+    got, finished = run_all(engine, prompts, options)
+    assert [got[i] for i in range(len(prompts))] == alone
+    assert all(finished[i].finish_reason in ("stop", "length") for i in range(len(prompts)))
+    assert engine.active == 0 and engine.free_slots == 3
+
+
+def test_self_draft_with_the_target_accepts_everything_in_a_batch(model, prompts):
+    """The drafter's cache rows stay in step with each request: with the target proposing its own
+    tokens every proposal is accepted, in every row."""
+    spec = SpecConfig(num_steps=3, topk=1)
+    prompts = [[7, *p] for p in prompts]  # the self-drafter is told the first token
+    engine = BatchEngine(model, Tok(), SelfDrafter(model, model, first_token=7), spec,
+                         BatchConfig(slots=4, prefill_chunk=8, spec_policy="always"))
+    got, finished = run_all(engine, prompts, GenerateOptions(max_new_tokens=30, stop_token_ids=()))
+    for done in finished.values():
+        p = done.profile
+        assert p.cycles and p.accepted == p.drafted == 3 * p.cycles
+    assert all(len(got[i]) == 30 for i in got)
+
+
+def test_eagle3_acceptance_per_request_equals_alone(model, prompts):
+    """Batched drafter extends (padded rows) give each request the draft it gets alone."""
+    drafter = SelfDrafter(perturbed(model, 0.02, 4), model, first_token=0)
+    eagle = random_drafter(model, 97, seed=2)
+    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=5)
+    options = GenerateOptions(max_new_tokens=20, stop_token_ids=())
+    for d in (drafter, eagle):
+        alone = []
+        for p in prompts:
+            steps = list(Eagle3Decoder(d, spec)(model, p, 20, SamplingParams(), None))
+            alone.append([s.cycle.accepted for s in steps if s.cycle])
+        engine = BatchEngine(model, Tok(), d, spec, BatchConfig(slots=4, spec_policy="always"))
+        _, finished = run_all(engine, prompts, options)
+        for i, per_cycle in enumerate(alone):
+            hist = finished[i].profile.depth_hist
+            assert sorted(hist.elements()) == sorted(per_cycle), i
+
+
+def test_a_request_leaving_mid_batch_changes_no_other(model, prompts):
+    spec = SpecConfig(num_steps=2, topk=1)
+    drafter = random_drafter(model, 60, seed=5)
+    options = GenerateOptions(max_new_tokens=16, stop_token_ids=())
+    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=4, prefill_chunk=6, spec_policy="always"))
+    alone, _ = run_all(engine, prompts, options)
+    # request 1 leaves while decoding, request 5 while waiting for its prefill
+    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=4, prefill_chunk=6, spec_policy="always"))
+    got, finished = run_all(engine, prompts, options, remove_at={3: 1, 9: 5})
+    assert finished[1].finish_reason == "cancelled" and finished[5] is not None
+    assert len(got[1]) < 16
+    for i in set(range(len(prompts))) - {1, 5}:
+        assert got[i] == alone[i], i
+
+
+@pytest.mark.parametrize("policy", ["never", "always", "auto"])
+def test_seeded_sampling_in_a_batch_equals_alone(model, prompts, policy):
+    """One draw per emitted token, in order: a seeded request gives the same tokens batched or
+    alone, speculating or not."""
+    spec = SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    drafter = SelfDrafter(perturbed(model, 0.05, 1), model, first_token=0)
+    options = [GenerateOptions(max_new_tokens=20, sampling=SamplingParams(0.8, 0, 0.95, seed), stop_token_ids=())
+               for seed in range(len(prompts))]
+    plain = [Engine(model, Tok()).generate(p, o).token_ids for p, o in zip(prompts, options, strict=True)]
+    spec_alone = [Engine(model, Tok(), Eagle3Decoder(drafter, spec)).generate(p, o).token_ids
+                  for p, o in zip(prompts, options, strict=True)]
+    assert spec_alone == plain
+    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=3, spec_policy=policy))
+    got, _ = run_all(engine, prompts, options)
+    assert [got[i] for i in range(len(prompts))] == plain
+
+
+def test_batched_spec_sampling_matches_the_target_distribution():
+    """The joint distribution of the first three tokens over many requests sampled together in
+    speculative batches (chi-square against the enumerated exact joint)."""
+    V = 6
+    target = tiny_model(seed=30, vocab_size=V, num_layers=3)
+    drafter = SelfDrafter(perturbed(target, 0.1, 0), target, 1)
+    prompt = [1, 2, 3]
+    exact = torch.zeros(V, V, V, dtype=torch.float64)
+    for a, b in itertools.product(range(V), repeat=2):
+        seq = prompt + [a, b]
+        p = torch.softmax(target(torch.tensor([seq]), torch.arange(5), target.new_cache(1, 8)).logits[0].double(), -1)
+        exact[a, b] = p[2, a] * p[3, b] * p[4]
+    n = 3000
+    options = [GenerateOptions(3, SamplingParams(temperature=1.0, seed=10_000 + i), stop_token_ids=())
+               for i in range(n)]
+    engine = BatchEngine(target, Tok(), drafter, SpecConfig(2, 2, 5), BatchConfig(slots=8, spec_policy="always"))
+    got, finished = run_all(engine, [prompt] * n, options)
+    assert sum(f.profile.accepted for f in finished.values()) > 1000  # speculation mattered
+    counts = torch.zeros(V, V, V, dtype=torch.float64)
+    for toks in got.values():
+        counts[tuple(toks)] += 1
+    assert chi_square_p(counts.flatten(), exact.flatten()) > 1e-3
+
+
+def test_full_batch_and_oversized_requests_are_refused(model):
+    engine = BatchEngine(model, Tok(), None, None, BatchConfig(slots=1, slot_tokens=20))
+    engine.add("a", [5, 6], GenerateOptions(4))
+    with pytest.raises(BatchFullError, match="all 1 batch slots"):
+        engine.add("b", [5, 6], GenerateOptions(4))
+    with pytest.raises(ContextLengthError, match="exceeds the 20 tokens of a batch slot"):
+        engine.check(15, GenerateOptions(6))
+    assert engine.remove("a") is not None and engine.remove("a") is None
+    with pytest.raises(ValueError, match="spec_policy must be one of always, never, auto"):
+        BatchConfig(spec_policy="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="slots must be >= 1"):
+        BatchConfig(slots=0)
+
+
+def test_auto_policy_keeps_the_faster_mode_and_keeps_measuring():
+    policy = SpecPolicy("auto", can_speculate=True, warmup=2, explore_every=4)
+    assert policy.choose(4) is True  # each mode is measured first
+    for _ in range(2):
+        policy.record(4, True, 12, 0.1)  # 120 tok/s speculating
+    assert policy.choose(4) is False
+    for _ in range(2):
+        policy.record(4, False, 4, 0.05)  # 80 tok/s plain
+    picks = [policy.choose(4) for _ in range(8)]
+    assert picks.count(True) == 6 and picks.count(False) == 2  # every 4th step re-tries the other
+    assert policy.choose(2) is True  # an unseen batch size is measured first
+    assert SpecPolicy("auto", can_speculate=False).choose(4) is False
+    assert SpecPolicy("always", can_speculate=True).choose(1) is True
+
+
+def test_generate_all_matches_single_requests():
+    """Offline generation (``data build``) through the batch: each prompt's tokens end at its
+    first stop token (included) or its budget, as decoded alone; more prompts than slots."""
+    model = tiny_model(seed=8)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12, 13, 14], [20, 21]]
+    stop = [5]
+    budgets = [15, 9, 15, 4, 12]
+    done = {}
+    got = generate_all(model, prompts, [GenerateOptions(b) for b in budgets], stop,
+                       BatchConfig(slots=2, spec_policy="never"), on_done=lambda i, ids: done.setdefault(i, ids))
+    for p, b, g in zip(prompts, budgets, got, strict=True):
+        ref = []
+        for step in baseline_decode(model, p, b, SamplingParams()):
+            ref += step.tokens
+            if ref[-1] in stop:
+                break
+        assert g == ref
+    assert done == dict(enumerate(got))
