@@ -128,18 +128,32 @@ class StepReport:
 
 
 class SpecPolicy:
-    """When to speculate, per batch size. 'always' and 'never' are fixed; 'auto' measures both:
-    it tries each mode a few times at a batch size, then keeps the one with the higher
-    generated tokens per second there, re-trying the other every ``explore_every`` steps
-    (acceptance and step costs change with the requests in the batch)."""
+    """When to speculate, per batch size. 'always' and 'never' are fixed; 'auto' predicts both
+    modes' tokens per second at the batch's size and takes the faster: a plain step gives one
+    token per row, a speculative step the measured accept length per row (counted over every
+    speculative step, whatever its size: acceptance is a property of drafter and prompts), each
+    over its measured step time at that size (a moving average: step times are steady, single
+    steps' acceptance is not). Each mode is measured ``warmup`` times at a size first, then the
+    other mode is re-tried every ``explore_every`` steps (costs change with the requests)."""
 
     def __init__(self, name: SpecPolicyName, can_speculate: bool, warmup: int = 2, explore_every: int = 16,
-                 decay: float = 0.8) -> None:
+                 decay: float = 0.8, accept_decay: float = 0.995) -> None:
         self.name = name if can_speculate else "never"
-        self.warmup, self.explore_every, self.decay = warmup, explore_every, decay
-        self.rates: dict[tuple[int, bool], float] = {}  # (batch, spec) -> tokens/s (moving average)
+        self.warmup, self.explore_every = warmup, explore_every
+        self.decay, self.accept_decay = decay, accept_decay
+        self.step_s: dict[tuple[int, bool], float] = {}  # (batch, spec) -> seconds per step (moving average)
         self.seen: dict[tuple[int, bool], int] = {}
         self.steps: dict[int, int] = {}
+        self.spec_tokens = 0.0  # tokens of speculative steps (slowly forgotten) ...
+        self.spec_rows = 0.0  # ... over the rows they decoded: the accept length per row
+
+    @property
+    def accept_length(self) -> float:
+        return self.spec_tokens / self.spec_rows if self.spec_rows else 1.0
+
+    def rate(self, batch: int, spec: bool) -> float:
+        """Predicted tokens per second of a step of ``batch`` rows."""
+        return batch * (self.accept_length if spec else 1.0) / max(self.step_s[batch, spec], 1e-9)
 
     def choose(self, batch: int) -> bool:
         if self.name != "auto":
@@ -147,22 +161,24 @@ class SpecPolicy:
         for spec in (True, False):
             if self.seen.get((batch, spec), 0) < self.warmup:
                 return spec
-        best = self.rates[batch, True] >= self.rates[batch, False]
+        best = self.rate(batch, True) >= self.rate(batch, False)
         self.steps[batch] = self.steps.get(batch, 0) + 1
         return (not best) if self.steps[batch] % self.explore_every == 0 else best
 
     def record(self, batch: int, spec: bool, tokens: int, seconds: float) -> None:
         key = (batch, spec)
-        rate = tokens / max(seconds, 1e-9)
-        old = self.rates.get(key)
-        self.rates[key] = rate if old is None else self.decay * old + (1 - self.decay) * rate
+        old = self.step_s.get(key)
+        self.step_s[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         self.seen[key] = self.seen.get(key, 0) + 1
+        if spec:
+            self.spec_tokens = self.accept_decay * self.spec_tokens + tokens
+            self.spec_rows = self.accept_decay * self.spec_rows + batch
 
     def to_dict(self) -> dict[str, dict[str, float]]:
-        """Measured tokens/s per batch size and mode (for logs and reports)."""
+        """Predicted tokens/s per batch size and mode (for logs and reports)."""
         out: dict[str, dict[str, float]] = {}
-        for (batch, spec), rate in sorted(self.rates.items()):
-            out.setdefault(str(batch), {})["spec" if spec else "plain"] = rate
+        for batch, spec in sorted(self.step_s):
+            out.setdefault(str(batch), {})["spec" if spec else "plain"] = self.rate(batch, spec)
         return out
 
 
