@@ -192,7 +192,7 @@ def test_auto_policy_keeps_the_faster_mode_and_keeps_measuring():
     picks = [policy.choose(4) for _ in range(8)]
     assert picks.count(True) == 6 and picks.count(False) == 2  # every 4th step re-tries the other
     assert policy.choose(2) is True  # an unseen batch size is measured first
-    assert policy.accept_length == 3.0 and policy.rate(4, True) == pytest.approx(120)
+    assert policy.accept_length == pytest.approx(3.0) and policy.rate(4, True) == pytest.approx(120)
     assert SpecPolicy("auto", can_speculate=False).choose(4) is False
     assert SpecPolicy("always", can_speculate=True).choose(1) is True
 
