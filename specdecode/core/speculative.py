@@ -237,9 +237,10 @@ def verify(target: Transformer, cache: KVCache, tree: DraftTree, aux_layers: Seq
     return Verification(out.logits[0], torch.cat(out.hidden_states, dim=-1)[0])
 
 
-def accept_greedy(tree: DraftTree, ver: Verification) -> Acceptance:
-    """Longest path whose every token is the target's argmax after its parent."""
-    choice = ver.logits.argmax(-1).tolist()
+def accept_greedy(tree: DraftTree, ver: Verification, choice: list[int] | None = None) -> Acceptance:
+    """Longest path whose every token is the target's argmax after its parent. ``choice``: that
+    argmax per node when already computed (a batch takes it for every row in one call)."""
+    choice = ver.logits.argmax(-1).tolist() if choice is None else choice
     tokens = tree.tokens.tolist()
     kids = tree.children()
     path = [0]
