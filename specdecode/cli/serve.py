@@ -52,8 +52,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"prompt tokens prefilled per step, so a long prompt does not stall the running "
                         f"requests (default: {b.prefill_chunk})")
     g.add_argument("--spec-policy", choices=SPEC_POLICIES, default=b.spec_policy,
-                   help="when to speculate: always, never, or auto (measure both per batch size and keep "
-                        f"the faster; default: {b.spec_policy})")
+                   help="when to speculate: always, never, or auto (predict both modes' tokens/s at each batch "
+                        f"size from measured step times and accept length, take the faster; default: {b.spec_policy})")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help="seconds a shutdown waits for running requests (default: 30)")
     g.add_argument("--log-interval", type=float, default=d.log_interval,

@@ -195,8 +195,11 @@ class BatchEngine:
         self.drafting = self.policy.name != "never"  # rows keep the drafter in step
         # Tokens per slot, speculative slots included: a request fits when prompt + new tokens
         # + margin <= limit (the same rule as a request decoded alone, ``check_context``).
-        self.limit = min(config.slot_tokens or model.config.max_position_embeddings,
-                         model.config.max_position_embeddings)
+        context = model.config.max_position_embeddings
+        if config.slot_tokens is not None and config.slot_tokens > context:
+            raise ValueError(f"slot tokens ({config.slot_tokens}, --context-length) exceed the model's context of "
+                             f"{context} tokens; use at most {context}")
+        self.limit = config.slot_tokens or context
         self.margin = self.spec.num_draft_tokens if self.drafting and self.spec else 0
         self._pools: tuple[KVCache, KVCache | None] | None = None
         self.rows: list[_Row] = []

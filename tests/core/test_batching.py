@@ -179,6 +179,8 @@ def test_full_batch_and_oversized_requests_are_refused(model):
         BatchConfig(spec_policy="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="slots must be >= 1"):
         BatchConfig(slots=0)
+    with pytest.raises(ValueError, match=r"exceed the model's context of 256 tokens; use at most 256"):
+        BatchEngine(model, Tok(), None, None, BatchConfig(slot_tokens=1000))
 
 
 def test_auto_policy_keeps_the_faster_mode_and_keeps_measuring():
