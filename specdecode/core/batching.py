@@ -210,7 +210,7 @@ class BatchEngine:
         that steps: filling a large tensor starts an OpenMP team in the calling thread, and a
         second team on the same cores throttles both (``runtime.session.on_passing_thread``)."""
         if self._pools is None:
-            tpool = self.model.new_cache(self.config.slots, self.limit + 1)  # + a scratch slot for padding
+            tpool = self.model.new_cache(self.config.slots, self.limit)
             dpool = None
             if self.drafting and self.drafter is not None and self.spec is not None:
                 # + the tree's scratch entries + one scratch slot for the padding of batched extends
@@ -280,7 +280,7 @@ class BatchEngine:
     def step(self) -> StepReport:
         report = StepReport()
         if self.decoding < len(self.rows):
-            self._prefill(report)
+            self._prefill_chunk(report)
             self._release_finished(report)  # a request may end with its first token
         if self.decoding:
             batch = self.decoding
@@ -310,63 +310,31 @@ class BatchEngine:
 
     # ------------------------------------------------------------ prefill
 
-    def _prefill(self, report: StepReport) -> None:
-        """Prefill up to ``prefill_chunk`` prompt tokens this step, earliest requests first: one
-        forward over a row's next chunk, or over several rows' chunks packed together (padded to
-        the longest, padding written to the pool's scratch slot and masked out)."""
-        budget, plan = self.config.prefill_chunk, {}
-        for i in sorted(range(self.decoding, len(self.rows)), key=lambda i: self.rows[i].arrived):
-            if budget <= 0:
-                break
-            plan[i] = min(len(self.rows[i].prompt) - self.rows[i].prefilled, budget)
-            budget -= plan[i]
-        device, aux = self.model.device, self._aux()
-        lo, hi = min(plan), max(plan) + 1  # one block of rows; a row inside it without a chunk is all padding
-        counts = [plan.get(i, 0) for i in range(lo, hi)]
-        rows = self.rows[lo:hi]
-        if hi - lo == 1:
-            a = rows[0].prefilled
-            out = self.model(torch.tensor([rows[0].prompt[a:a + counts[0]]], device=device),
-                             torch.arange(a, a + counts[0], device=device), self.tpool.rows(lo, hi, a),
-                             hidden_layers=aux, logits_at=torch.tensor([-1], device=device))
-        else:
-            T = max(counts)
-            tokens = torch.zeros(hi - lo, T, dtype=torch.long, device=device)
-            for j, row in enumerate(rows):
-                tokens[j, :counts[j]] = torch.tensor(row.prompt[row.prefilled:row.prefilled + counts[j]], device=device)
-            t = torch.arange(T, device=device)
-            starts = torch.tensor([r.prefilled for r in rows], device=device)
-            n_real = torch.tensor(counts, device=device)
-            real = t[None, :] < n_real[:, None]
-            keys = torch.arange(int((starts + n_real).max()), device=device)
-            mask = torch.where(real[:, :, None], keys[None, None, :] <= (starts[:, None] + t)[:, :, None],
-                               keys[None, None, :] == 0)  # padding sees one key: no NaN
-            out = self.model(tokens, starts[:, None] + t, self.tpool.rows(lo, hi), attention_mask=mask,
-                             hidden_layers=aux, logits_at=(n_real - 1).clamp(min=0)[:, None],
-                             slots=torch.where(real, starts[:, None] + t, self.tpool.max_len - 1))
-        hidden = torch.cat(out.hidden_states, -1) if aux else None
-        done = []
-        for j, row in enumerate(rows):
-            c, a = counts[j], row.prefilled
-            if not c:
-                continue
-            row.prefilled = row.length = a + c
-            report.prefill_tokens += c
-            if hidden is not None:
-                row.pending_hidden.append(hidden[j, :c])
-                row.pending_tokens += row.prompt[a + 1:a + c + 1]
-            if row.prefilled == len(row.prompt):
-                row.root = int(sample(out.logits[j, -1], row.options.sampling, row.generator))
-                if hidden is not None:
-                    row.pending_tokens.append(row.root)
-                    self._extend_one(lo + j)  # the whole prompt through the drafter, as alone
-                done.append(row)
-        for row in done:  # into the decoding block
-            i = self.rows.index(row)
-            if i != self.decoding:
-                self._swap(i, self.decoding)
-            self.decoding += 1
-            self._emit(report, row, [row.root])
+    def _prefill_chunk(self, report: StepReport) -> None:
+        j = min(range(self.decoding, len(self.rows)), key=lambda i: self.rows[i].arrived)
+        row = self.rows[j]
+        device = self.model.device
+        a = row.prefilled
+        b = min(a + self.config.prefill_chunk, len(row.prompt))
+        view = self.tpool.rows(j, j + 1, a)
+        aux = self._aux()
+        out = self.model(torch.tensor([row.prompt[a:b]], device=device), torch.arange(a, b, device=device), view,
+                         hidden_layers=aux, logits_at=torch.tensor([-1], device=device))
+        row.prefilled = row.length = b
+        report.prefill_tokens += b - a
+        if aux:
+            row.pending_hidden.append(torch.cat(out.hidden_states, -1)[0])
+            row.pending_tokens += row.prompt[a + 1:b + 1]
+        if b < len(row.prompt):
+            return
+        row.root = int(sample(out.logits[0, -1], row.options.sampling, row.generator))
+        if aux:
+            row.pending_tokens.append(row.root)
+            self._extend_one(j)  # the whole prompt through the drafter, as alone
+        if j != self.decoding:
+            self._swap(j, self.decoding)
+        self.decoding += 1
+        self._emit(report, row, [row.root])
 
     def _aux(self) -> tuple[int, ...]:
         return tuple(self.drafter.config.aux_layer_ids) if self.drafting and self.drafter is not None else ()

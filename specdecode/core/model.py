@@ -332,7 +332,7 @@ class Transformer(nn.Module):
         tokens see each other (a draft tree) with the prefix visible; a [B, T, S] mask with
         S = cache.length + T gives full control (padding in batched generation).
         hidden_layers: indices of layers whose *input* hidden states to return.
-        logits_at: indices along T for which to compute logits (prefill needs one); [B, T'] per row.
+        logits_at: indices along T for which to compute logits (prefill needs one).
         slots: [B, T] cache slot of each new token, per row (continuous batching: rows of
         different lengths); then ``attention_mask`` [B, T, S] is required, keys are slots
         ``[0, S)`` and ``cache.length`` is left to the caller.
@@ -366,9 +366,8 @@ class Transformer(nn.Module):
             hidden[self.config.num_layers] = x
         if slots is None:
             cache.length += T
-        if logits_at is not None:  # [T'] indices for every row, or [B, T'] per row
-            x = (x[:, logits_at] if logits_at.dim() == 1
-                 else x.gather(1, logits_at[..., None].expand(-1, -1, x.shape[-1])))
+        if logits_at is not None:
+            x = x[:, logits_at]
         logits = self.lm_head(self.norm(x))
         return ForwardOutput(logits, [hidden[i] for i in hidden_layers])
 
