@@ -27,7 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=d.limit, help="stop at this many samples in total")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help=f"answers generated together (continuous batching: a finished answer's slot takes the "
+                        f"next prompt; saved every this many answers; default: {d.batch_size})")
     p.add_argument("--sampled-fraction", type=float, default=d.sampled_fraction,
                    help="share of responses sampled (the rest greedy)")
     p.add_argument("--temperature", type=float, default=d.temperature)
