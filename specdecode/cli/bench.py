@@ -151,7 +151,6 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
     from specdecode.core.batching import SPEC_POLICIES
     from specdecode.io.prompts import encode_prompt
     from specdecode.runtime.decoders import DecoderSpec, build_decoder
-    from specdecode.runtime.device import resolve_device
     from specdecode.runtime.session import on_passing_thread, start
 
     policies = [p.strip() for p in args.spec_policy.split(",") if p.strip()]
@@ -171,7 +170,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
         return session, build_decoder(DecoderSpec(drafter=args.drafter), session)
 
     # the model loads on a thread that ends: this thread then owns torch's only OpenMP team
-    session, decoder = on_passing_thread(load) if resolve_device(runtime.device).type == "cpu" else load()
+    session, decoder = on_passing_thread(load, runtime.device)
     ids = [encode_prompt(p, session.loaded.tokenizer) for p in prompts]
     if not decoder.is_speculative:
         policies = ["never"]

@@ -82,7 +82,6 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.decoders import build_decoder
-    from specdecode.runtime.device import resolve_device
     from specdecode.runtime.session import on_passing_thread, start
     from specdecode.serving.serve import serve
 
@@ -100,6 +99,6 @@ def run(args: argparse.Namespace) -> int:
     # On CPU the model loads on a thread that then ends, so that the worker thread that generates
     # owns torch's only OpenMP team (on_passing_thread says why: 45-47 -> 34-35 ms per token).
     # On CUDA it loads here: the current device is per thread.
-    session, decoder = on_passing_thread(load) if resolve_device(runtime.device).type == "cpu" else load()
+    session, decoder = on_passing_thread(load, runtime.device)
     serve(session, decoder, config)
     return 0

@@ -57,8 +57,9 @@ class Session:
         return self.rank == 0
 
 
-def on_passing_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` on a thread that ends when it returns (its exception propagates).
+def on_passing_thread(fn: Callable[[], T], device: str = "cpu") -> T:
+    """``fn()`` on a thread that ends when it returns (its exception propagates); on a non-CPU
+    ``device`` it runs here instead (CUDA's current device is per thread).
 
     For a process whose model runs on a thread other than the one that loaded it (the server:
     the event loop on the main thread, generation on a worker). Torch's OpenMP runtime on CPU
@@ -69,6 +70,8 @@ def on_passing_thread(fn: Callable[[], T]) -> T:
     34-35 ms per token when the model was loaded on a thread that had ended, 45-47 ms when it
     was loaded on the main thread. A team ends with its thread, so loading here leaves the
     decoding thread the only team."""
+    if resolve_device(device).type != "cpu":
+        return fn()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-load") as pool:
         return pool.submit(fn).result()
 
