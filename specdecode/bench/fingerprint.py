@@ -8,6 +8,8 @@ fingerprint; ``compare`` and ``bench --baseline-from`` diff them and name the va
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import re
@@ -159,10 +161,10 @@ def git_commit() -> str | None:
 
 def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_paths=(),
             launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1,
-            weights: str = "native") -> dict:
+            weights: str = "native", kernels: dict | None = None) -> dict:
     """Everything a tok/s figure depends on besides the code path chosen by the flags.
     ``tensor_parallel``: the ranks sharing the model (``Session.world_size``); ``weights``: the
-    weight format (``core.quant``)."""
+    weight format (``core.quant``); ``kernels``: the linear kernels installed (``core.kernels.KernelPlan``)."""
     import torch
 
     versions: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
@@ -176,6 +178,7 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
         "interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
         "weights": weights,
+        "kernels": kernels,
         "device": device,
         "versions": versions,
         "torch_config": {"mkldnn": torch.backends.mkldnn.is_available(),
@@ -195,6 +198,15 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
     if launch_profile:
         fp["launch_profile"] = launch_profile
     return fp
+
+
+def _kernel_choice(kernels: dict | None) -> str | None:
+    """The installed kernel plan as one short comparable string: its mode and a digest of its
+    choices (None when not recorded)."""
+    if not kernels:
+        return None
+    digest = hashlib.sha256(json.dumps(kernels.get("choices"), sort_keys=True).encode()).hexdigest()[:8]
+    return f"{kernels.get('mode')} ({digest})" if kernels.get("choices") else str(kernels.get("mode"))
 
 
 def _cpu_capability(torch) -> str | None:
@@ -244,6 +256,7 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
     view: dict[str, tuple[object, int, str]] = {
         "dtype": (fp.get("dtype"), 3, "kernels and bytes moved per token"),
         "weight format": (fp.get("weights", "native"), 3, "kernels and bytes moved per token"),
+        "linear kernels": (_kernel_choice(fp.get("kernels")), 2, "matmul kernel per weight shape and row count"),
         "device": (fp.get("device"), 3, "different hardware"),
         "torch threads": (fp.get("threads"), 3, "intra-op parallelism"),
         "tensor parallel size": (fp.get("tensor_parallel", 1), 3, "ranks sharing each layer (all-reduce per layer)"),

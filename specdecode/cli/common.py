@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
@@ -25,6 +26,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="weight format: native (weights in --dtype) or int8 (weight-only int8, one scale per output "
                         "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16): a bf16 decode step 21.1 "
                         "vs 32.0 ms here, held-out perplexity +0.5%% (benchmarks/engine_speed.sh). Default: native")
+    g.add_argument("--kernels", default="auto", choices=KERNEL_MODES,
+                   help="linear-layer kernels: auto (each weight shape and row count gets the fastest kernel "
+                        "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "
+                        "or static (fixed rules: F.linear, int8 kernel up to 32 rows). Default: auto")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
@@ -85,7 +90,7 @@ def add_store_args(p: argparse.ArgumentParser, what: str = "the run", writes: bo
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                         weights=args.weights)
+                         weights=args.weights, kernels=args.kernels)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig:

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     record = result.to_dict() | {
         "method": decoder.description, "model": str(session.loaded.source), "dtype": args.dtype,
-        "weights": args.weights, "device": str(session.device), "threads": session.threads, "load_s": load_s,
+        "weights": args.weights, "kernels": session.kernels.summary(), "device": str(session.device),
+        "threads": session.threads, "load_s": load_s,
         "spec_config": asdict(decoder.config) if decoder.config else None}
     if args.launch_profile:
         from specdecode.bench.profiles import load_profile

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdecode.core.kernels import bucket_of, onednn_linear, onednn_usable
+
 
 @dataclass
 class ModelConfig:
@@ -64,21 +66,53 @@ _WEIGHT_LEFT_MAX_ROWS = 8
 
 
 class Linear(nn.Linear):
-    """nn.Linear with the fast small-batch path above (same parameters, same results
-    up to float rounding)."""
+    """nn.Linear with a choice of kernels (``core.kernels``): ``aten`` (F.linear),
+    ``weight_left`` (the fast fp32 small-batch path above) and ``onednn`` (the weight packed
+    once). Same parameters, same results up to float summation order."""
+
+    kernels: tuple[str, ...] | None = None  # per core.kernels.ROW_BUCKETS; None: the static rule
+    packed: Tensor | None = None  # oneDNN-packed weight, set by core.kernels.apply_kernels
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
         w = self.weight
-        if rows > _WEIGHT_LEFT_MAX_ROWS or w.dtype != torch.float32 or w.device.type != "cpu":
-            return F.linear(x, w, self.bias)
         x2 = x.reshape(rows, x.shape[-1])
-        if rows == 1:
-            x2 = x2.expand(2, -1).contiguous()
-        out = torch.mm(w, x2.t())[:, :rows].t().contiguous()
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], w.shape[0])
+        if (self.kernels is not None and x.dtype == w.dtype
+                and not (w.requires_grad and torch.is_grad_enabled())):  # packed copies do not train
+            kernel = self.kernels[bucket_of(rows)]
+        elif rows <= _WEIGHT_LEFT_MAX_ROWS and w.dtype == torch.float32 and w.device.type == "cpu":
+            kernel = "weight_left"
+        else:
+            kernel = "aten"
+        return self.run_kernel(kernel, x2).view(*x.shape[:-1], w.shape[0])
+
+    def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
+        """y = x2 @ W^T + b for x2 [rows, in] with the named kernel."""
+        w = self.weight
+        if kernel == "onednn" and self.packed is not None:
+            return onednn_linear(x2, self.packed, self.bias)
+        if kernel == "weight_left":
+            rows = x2.shape[0]
+            if rows == 1:
+                x2 = x2.expand(2, -1)
+            out = torch.mm(w, x2.contiguous().t())[:, :rows].t().contiguous()
+            return out if self.bias is None else out + self.bias
+        return F.linear(x2, w, self.bias)
+
+    def group_key(self) -> str:
+        return f"linear:{self.out_features}x{self.in_features}:{str(self.weight.dtype).removeprefix('torch.')}"
+
+    def kernel_candidates(self, rows: int) -> tuple[str, ...]:
+        w = self.weight
+        found = ["aten"]
+        if w.dtype == torch.float32 and w.device.type == "cpu" and rows <= _WEIGHT_LEFT_MAX_ROWS:
+            found.append("weight_left")
+        if onednn_usable(w.dtype, w.device):
+            found.append("onednn")
+        return tuple(found)
+
+    def packable_weight(self) -> Tensor:
+        return self.weight.detach()
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
         __call__ = forward
@@ -188,24 +222,26 @@ class KVCache(nn.Module):
         self.length = start + n
 
 
-# Decode and verify steps (few queries) in bf16/fp16 use explicit matmuls: on CPU, SDPA's
-# flash kernel took 4.0 ms against 0.4 ms for this path (bf16, batch 32, 300 keys) and
-# 128 us against 51 us (batch 1); in fp32 SDPA is as fast or faster, so fp32 keeps it.
+# Decode and verify steps (few queries) fold each KV group's query heads into the query axis:
+# one SDPA call over [B, kv_heads, group * T] queries and the cache's own [B, kv_heads, S] keys,
+# no repeated keys and no shape-specific primitive. Measured here (bf16, 2 threads, 1 query,
+# 9 heads over 3 KV heads, us per layer call, a new cache length every call as in decoding):
+# 34 at 200 keys, 84 at 1000; explicit bf16 matmuls (q @ k^T, softmax, @ v) took 980-1150,
+# because oneDNN builds a new matmul primitive for every new key count (62 at a fixed length);
+# the same matmuls in fp32 49-78, plus a cache copy to fp32.
 _SMALL_QUERY = 16
 
 
 def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """GQA attention for few queries. q [B, H, T, D]; k, v [B, KV, S, D]; mask broadcastable
-    to [B, 1, T, S] (True = attend). Softmax in fp32."""
+    to [B, 1, T, S] (True = attend)."""
     B, H, T, D = q.shape
-    kv = k.shape[1]
-    qg = q.reshape(B, kv, (H // kv) * T, D)  # heads of a group share their k/v
-    scores = (qg @ k.transpose(-1, -2)).float() * (D ** -0.5)
+    kv, S = k.shape[1], k.shape[2]
+    g = H // kv
+    qg = q.reshape(B, kv, g * T, D)  # heads of a group share their k/v: queries (head, token) of the group
     if mask is not None:
-        S = k.shape[2]
-        scores = scores.view(B, kv, H // kv, T, S).masked_fill(~mask.reshape(-1, 1, 1, T, S),
-                                                              float("-inf")).view(B, kv, (H // kv) * T, S)
-    out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
+        mask = mask.reshape(-1, 1, 1, T, S).expand(-1, 1, g, T, S).reshape(-1, 1, g * T, S)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
     return out.view(B, H, T, D)
 
 
@@ -241,7 +277,7 @@ class Attention(nn.Module):
             layer_v[:, :, start:start + T] = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
             span = start + T
         keys, values = layer_k[:, :, :span], layer_v[:, :, :span]
-        if T <= _SMALL_QUERY and q.dtype in (torch.bfloat16, torch.float16):
+        if T <= _SMALL_QUERY:
             out = small_query_attention(q, keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specdecode.core.kernels import bucket_of, onednn_linear, onednn_usable
+
 WEIGHT_FORMATS = ("native", "int8")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
 # plain formula, which computes the same product
@@ -42,6 +44,8 @@ class Int8Linear(nn.Module):
 
     weight_int8: Tensor  # [out, in] int8 (a buffer)
     scales: Tensor  # [out] in the model dtype (a buffer)
+    kernels: tuple[str, ...] | None = None  # per core.kernels.ROW_BUCKETS; None: the static rule
+    packed: Tensor | None = None  # the int8 weight converted to the model dtype, oneDNN-packed
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
@@ -61,14 +65,40 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
         x2 = x.reshape(rows, x.shape[-1])
-        if (rows <= _KERNEL_MAX_ROWS and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
-                and x.dtype == self.scales.dtype):
-            out = cast(Tensor, torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight_int8, self.scales))
+        if self.kernels is not None and x.dtype == self.scales.dtype:
+            kernel = self.kernels[bucket_of(rows)]
+        elif rows <= _KERNEL_MAX_ROWS and "int8pack" in self.kernel_candidates(rows) and x.dtype == self.scales.dtype:
+            kernel = "int8pack"
         else:
-            out = F.linear(x2, self.weight_int8.to(x.dtype)) * self.scales.to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+            kernel = "aten"
+        return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
+
+    def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
+        """(x2 @ q^T) * s (+ b) with the named kernel: ``int8pack`` (aten._weight_int8pack_mm),
+        ``aten`` (q converted exactly to the model dtype, one GEMM) or ``onednn`` (the same
+        converted weight, packed once)."""
+        if kernel == "int8pack":
+            out = cast(Tensor, torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight_int8, self.scales))
+        elif kernel == "onednn" and self.packed is not None:
+            out = onednn_linear(x2, self.packed, None) * self.scales
+        else:
+            out = F.linear(x2, self.weight_int8.to(x2.dtype)) * self.scales.to(x2.dtype)
+        return out if self.bias is None else out + self.bias
+
+    def group_key(self) -> str:
+        return f"int8:{self.out_features}x{self.in_features}:{str(self.scales.dtype).removeprefix('torch.')}"
+
+    def kernel_candidates(self, rows: int) -> tuple[str, ...]:
+        dtype, device = self.scales.dtype, self.scales.device
+        found = ["aten"]
+        if device.type == "cpu" and dtype in _KERNEL_DTYPES:
+            found.append("int8pack")
+        if onednn_usable(dtype, device):
+            found.append("onednn")
+        return tuple(found)
+
+    def packable_weight(self) -> Tensor:
+        return self.weight_int8.to(self.scales.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

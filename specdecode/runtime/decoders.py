@@ -12,6 +12,7 @@ from specdecode.core.engine import TokenDecoder, baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import Convention, load_drafter
 from specdecode.io.paths import default_drafter_path
+from specdecode.runtime.kernels import install_kernels
 from specdecode.runtime.session import Session
 
 RANDOM_DRAFTER = "random"  # an untrained head wired to the target (profiling the machinery)
@@ -65,6 +66,8 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
             drafters[path] = random_drafter(model, min(RANDOM_DRAFT_VOCAB, model.config.vocab_size), seed=0)
         else:
             drafters[path] = load_drafter(Path(path), model, convention=spec.aux_layer_convention)
+        # the drafter's layers get kernels measured on their own shapes, as the target's did
+        install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
     c = spec.config
     desc = f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens})"
     return Decoder(Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm), desc, path, c)

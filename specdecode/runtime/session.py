@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
 
+from specdecode.core.kernels import KernelPlan
 from specdecode.core.quant import check_weight_format, quantize_weights
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
+from specdecode.runtime.kernels import check_kernel_mode, install_kernels
 from specdecode.runtime.sharding import CommMeter, apply_tensor_parallel
 
 T = TypeVar("T")
@@ -30,6 +32,7 @@ class RuntimeConfig:
     device: str = "cpu"
     threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
     weights: str = "native"  # core.quant.WEIGHT_FORMATS: native (the dtype) or int8 (weight-only, per channel)
+    kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
 
     @property
     def is_default_model(self) -> bool:
@@ -46,6 +49,7 @@ class Session:
     rank: int = 0
     world_size: int = 1
     comm: CommMeter | None = None  # this rank's all-reduce meter under tensor parallelism
+    kernels: KernelPlan = field(default_factory=KernelPlan)  # the linear kernels installed (runtime.kernels)
 
     @property
     def dtype_name(self) -> str:
@@ -77,15 +81,18 @@ def on_passing_thread(fn: Callable[[], T], device: str = "cpu") -> T:
 
 
 def start(config: RuntimeConfig) -> Session:
-    """Configure threads and device, load the model, shard it if a process group exists."""
+    """Configure threads and device, load the model, shard it if a process group exists, put
+    its weights in the asked format and install its linear kernels (measured once per machine)."""
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
     dtype = parse_dtype(config.dtype)
     check_weight_format(config.weights)  # before the model loads
+    check_kernel_mode(config.kernels)
     rank, size = world()
     if size > 1 and config.weights != "native":
         raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
     quantize_weights(loaded.model, config.weights)
-    return Session(config, loaded, device, dtype, threads, rank, size, comm)
+    plan = install_kernels(loaded.model, config.kernels, threads, device)
+    return Session(config, loaded, device, dtype, threads, rank, size, comm, plan)

@@ -1,0 +1,158 @@
+"""Linear-layer kernels, chosen per weight shape and row count by measurement.
+
+Decoding streams every weight once per step, so the matmul kernel sets the step time. No
+kernel wins everywhere: measured on this machine (AMD EPYC Zen4, 2 threads, SmolLM2-135M's
+shapes, weights streamed from memory, microseconds per call at 1 row):
+
+- bf16: ``F.linear`` qkv 55, o 34, gate_up 145, down 72, lm_head 1899 (about 22 GB/s); oneDNN
+  with the weight packed once at load (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``,
+  what inductor's freezing pass emits) 28, 18, 86, 41, 1232 (40-46 GB/s), bit-identical to
+  ``F.linear``; it stays ahead up to 256 rows (gate_up: 57 vs 176 at 1 row, 967 vs 1167 at 256).
+- fp32 gate_up: ``F.linear`` 432 us at 1 row, 592 at 8; oneDNN packed 105 and 157 (with a
+  batch hint of 64; 137 and 321 with a hint of 1), within 1e-4 of ``F.linear`` (another
+  summation order); the weight-as-left-operand GEMM (``weight_left`` below) in between.
+- int8 weights (``core.quant.Int8Linear``): ``aten._weight_int8pack_mm`` reads lm_head at 1
+  row in 0.37 ms but its cost grows with the rows, and on the small layer matrices it runs at
+  about 14 GB/s of int8 (per-call overhead).
+
+So :func:`choose_kernels` times every candidate of each weight shape on the model's own weights
+at the row counts of :data:`ROW_BUCKETS`, once, and :func:`apply_kernels` installs the choice
+(``runtime.kernels`` caches it on disk with the hardware it was measured on). Without a plan a
+layer keeps its static rule. Every kernel of a layer computes the same formula; bf16 results
+are identical, fp32 ones differ in summation order only.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Protocol, cast
+
+import torch
+from torch import Tensor, nn
+
+# Row counts a plan distinguishes: a call with r rows uses the choice measured at the first
+# bucket >= r (the last one beyond): decode (1), verify trees and batches (2-64), prefill chunks.
+ROW_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 256)
+KERNEL_MODES = ("auto", "static")
+
+# oneDNN packs for an expected row count; 64 measured best for fp32 at every row count tried
+# (1-256), and bf16 does not care (see the module docstring).
+_ONEDNN_BATCH_HINT = 64
+_ONEDNN_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def bucket_of(rows: int) -> int:
+    """Index into ROW_BUCKETS of the choice that serves ``rows`` rows."""
+    return min(bisect_left(ROW_BUCKETS, rows), len(ROW_BUCKETS) - 1)
+
+
+def onednn_usable(dtype: torch.dtype, device: torch.device) -> bool:
+    return device.type == "cpu" and dtype in _ONEDNN_DTYPES and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+
+
+def onednn_pack(weight: Tensor) -> Tensor:
+    """The weight [out, in] in oneDNN's blocked layout (an opaque tensor, for onednn_linear)."""
+    return cast(Tensor, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ONEDNN_BATCH_HINT))
+
+
+def onednn_linear(x2: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return cast(Tensor, torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed, bias, "none", [], ""))
+
+
+class KernelLayer(Protocol):
+    """A linear layer with several kernels for one formula (``core.model.Linear``,
+    ``core.quant.Int8Linear``)."""
+
+    kernels: tuple[str, ...] | None  # one kernel per ROW_BUCKETS entry; None: the static rule
+    packed: Tensor | None  # the oneDNN-packed weight when a chosen kernel needs it
+
+    def group_key(self) -> str: ...
+    def kernel_candidates(self, rows: int) -> tuple[str, ...]: ...
+    def packable_weight(self) -> Tensor: ...
+    def run_kernel(self, kernel: str, x2: Tensor) -> Tensor: ...
+
+
+def kernel_layers(model: nn.Module) -> dict[str, list[KernelLayer]]:
+    """The model's kernel layers grouped by shape, dtype and kind (a group shares one choice)."""
+    groups: dict[str, list[KernelLayer]] = {}
+    for m in model.modules():
+        if hasattr(m, "kernel_candidates"):
+            layer = cast(KernelLayer, m)
+            groups.setdefault(layer.group_key(), []).append(layer)
+    return groups
+
+
+@dataclass
+class KernelPlan:
+    """Which kernel each group runs at each ROW_BUCKETS entry, and how it was decided."""
+
+    mode: str = "static"  # KERNEL_MODES
+    source: str = "static"  # measured | cached | static
+    choices: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0  # measuring time (0 when cached or static)
+
+    def summary(self) -> dict[str, object]:
+        """For fingerprints: the mode, where the choice came from and the choice itself."""
+        return {"mode": self.mode, "source": self.source, "choices": self.choices}
+
+
+def _time_kernel(layers: list[KernelLayer], kernel: str, x: Tensor, reps: int) -> float:
+    """Best of ``reps`` passes calling ``kernel`` once on each layer (after one warm-up pass:
+    oneDNN creates its primitive on the first call of a shape)."""
+    best = float("inf")
+    for i in range(reps + 1):
+        t = time.perf_counter()
+        for layer in layers:
+            layer.run_kernel(kernel, x)
+        if i:
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def choose_kernels(model: nn.Module, reps: int = 3) -> dict[str, list[str]]:
+    """Time every candidate kernel of each group at each ROW_BUCKETS row count, calling it
+    once per layer of the group (so the weights stream from memory as in a decode step), and
+    return the fastest per group and bucket. Groups with a single candidate are left out."""
+    choices: dict[str, list[str]] = {}
+    with torch.inference_mode():
+        for key, layers in kernel_layers(model).items():
+            if len(layers[0].kernel_candidates(1)) < 2:
+                continue
+            if "onednn" in layers[0].kernel_candidates(1):
+                for layer in layers:
+                    layer.packed = onednn_pack(layer.packable_weight())
+            w = layers[0].packable_weight()
+            picked = []
+            for rows in ROW_BUCKETS:
+                x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
+                times = {k: _time_kernel(layers, k, x, reps) for k in layers[0].kernel_candidates(rows)}
+                picked.append(min(times, key=times.__getitem__))
+            choices[key] = picked
+            for layer in layers:
+                layer.packed = None
+    return choices
+
+
+def apply_kernels(model: nn.Module, choices: dict[str, list[str]]) -> int:
+    """Install ``choices`` (from choose_kernels) on the model's layers; groups not in it keep
+    their static rule. Returns how many layers got a plan. A plan for another row-bucket
+    layout or with a kernel a layer does not offer is refused (a stale cache)."""
+    count = 0
+    for key, layers in kernel_layers(model).items():
+        for layer in layers:
+            layer.kernels, layer.packed = None, None
+        picked = choices.get(key)
+        if picked is None:
+            continue
+        offered = set(layers[0].kernel_candidates(1))
+        if len(picked) != len(ROW_BUCKETS) or not set(picked) <= offered:
+            raise ValueError(f"kernel plan for {key} ({picked}) does not fit this build: {len(ROW_BUCKETS)} row "
+                             f"buckets, kernels {sorted(offered)}; measure again (--kernels auto with a fresh cache)")
+        for layer in layers:
+            layer.kernels = tuple(picked)
+            if "onednn" in picked:
+                layer.packed = onednn_pack(layer.packable_weight())
+            count += 1
+    return count

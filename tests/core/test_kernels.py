@@ -1,0 +1,113 @@
+"""core.kernels: every kernel of a linear layer computes the layer's formula; plans are measured,
+installed, refused when stale, and change no greedy output."""
+
+import pytest
+import torch
+
+from specdecode.core.kernels import ROW_BUCKETS, apply_kernels, bucket_of, choose_kernels, kernel_layers
+from specdecode.core.model import Linear
+from specdecode.core.quant import Int8Linear, quantize_weights
+from tests.helpers import tiny_model
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def test_row_buckets():
+    assert [bucket_of(r) for r in (1, 2, 3, 4, 5, 8, 9, 64, 65, 256, 4096)] == [0, 1, 2, 2, 3, 3, 4, 6, 7, 7, 7]
+    assert ROW_BUCKETS[bucket_of(3)] >= 3  # a call uses the choice measured at the next bucket up
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_linear_kernel_is_the_formula(dtype, bias):
+    torch.manual_seed(0)
+    layer = Linear(48, 80, bias=bias).to(dtype).requires_grad_(False)
+    layer.packed = None
+    cands = layer.kernel_candidates(1)
+    assert cands[0] == "aten" and ("weight_left" in cands) == (dtype == torch.float32)
+    if torch.backends.mkldnn.is_available():
+        assert "onednn" in cands
+        from specdecode.core.kernels import onednn_pack
+
+        layer.packed = onednn_pack(layer.packable_weight())
+    for rows in (1, 2, 7, 33):
+        x = torch.randn(rows, 48, dtype=dtype)
+        ref = x.double() @ layer.weight.double().t() + (layer.bias.double() if bias else 0)
+        for kernel in layer.kernel_candidates(rows):
+            out = layer.run_kernel(kernel, x)
+            assert out.shape == (rows, 80) and out.dtype == dtype
+            err = (out.double() - ref).abs().max() / ref.abs().max()
+            assert err <= TOL[dtype], (kernel, rows, float(err))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_int8_kernel_is_the_formula(dtype):
+    torch.manual_seed(1)
+    layer = Int8Linear(torch.randn(80, 48).to(dtype), torch.randn(80).to(dtype))
+    assert set(layer.kernel_candidates(1)) >= {"aten", "int8pack"}
+    if "onednn" in layer.kernel_candidates(1):
+        from specdecode.core.kernels import onednn_pack
+
+        layer.packed = onednn_pack(layer.packable_weight())
+    for rows in (1, 5, 40):
+        x = torch.randn(rows, 48, dtype=dtype)
+        ref = (x.double() @ layer.weight_int8.double().t()) * layer.scales.double() + layer.bias.double()
+        for kernel in layer.kernel_candidates(rows):
+            err = (layer.run_kernel(kernel, x).double() - ref).abs().max() / ref.abs().max()
+            assert err <= TOL[dtype], (kernel, rows, float(err))
+
+
+def test_float64_offers_one_kernel_so_nothing_is_measured():
+    model = tiny_model()  # float64: the exactness tests' dtype keeps F.linear
+    assert choose_kernels(model) == {}
+    assert apply_kernels(model, {}) == 0
+
+
+@pytest.mark.parametrize("weights", ["native", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_measured_plan_changes_no_greedy_output(dtype, weights):
+    model = tiny_model(seed=3, dtype=dtype)
+    quantize_weights(model, weights)
+    tokens = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        static = model(tokens, torch.arange(40), model.new_cache(1, 64)).logits
+    choices = choose_kernels(model, reps=1)
+    groups = kernel_layers(model)
+    assert set(choices) == set(groups)  # every group of this dtype has several kernels
+    assert all(len(c) == len(ROW_BUCKETS) and set(c) <= set(groups[k][0].kernel_candidates(1))
+               for k, c in choices.items())
+    # force the non-default kernel everywhere it exists, so the test sees a different path
+    forced = {k: [next((x for x in groups[k][0].kernel_candidates(1) if x not in ("aten", "int8pack")), "aten")]
+              * len(ROW_BUCKETS) for k in choices}
+    assert apply_kernels(model, forced) == sum(len(v) for v in groups.values())
+    with torch.inference_mode():
+        planned = model(tokens, torch.arange(40), model.new_cache(1, 64)).logits
+    assert (planned.double() - static.double()).abs().max() <= TOL[dtype] * static.abs().max()
+    assert torch.equal(planned.argmax(-1), static.argmax(-1))
+    apply_kernels(model, {})  # back to the static rules: packed copies dropped
+    assert all(layer.kernels is None and layer.packed is None for g in groups.values() for layer in g)
+
+
+def test_a_stale_plan_is_refused_with_the_fix():
+    model = tiny_model(dtype=torch.float32)
+    key = next(iter(kernel_layers(model)))
+    with pytest.raises(ValueError, match="measure again"):
+        apply_kernels(model, {key: ["onednn"] * (len(ROW_BUCKETS) - 1)})
+    with pytest.raises(ValueError, match="measure again"):
+        apply_kernels(model, {key: ["int8pack"] * len(ROW_BUCKETS)})  # not a kernel of a float Linear
+
+
+def test_a_trained_layer_ignores_its_packed_copy():
+    layer = Linear(16, 8).float()
+    if "onednn" in layer.kernel_candidates(1):
+        from specdecode.core.kernels import onednn_pack
+
+        layer.packed = onednn_pack(layer.weight)
+    layer.kernels = ("onednn",) * len(ROW_BUCKETS)
+    with torch.no_grad():
+        layer.weight.add_(1.0)  # the packed copy is now stale; training must not read it
+    x = torch.randn(3, 16)
+    out = layer(x)
+    out.sum().backward()  # gradients reach the weight: the plain kernel ran
+    assert layer.weight.grad is not None
+    torch.testing.assert_close(out, x @ layer.weight.t() + layer.bias)

@@ -1,0 +1,48 @@
+"""runtime.kernels: a plan is measured once per machine, cached, reused, and re-measured when
+the cache is unusable; static mode and non-CPU devices measure nothing."""
+
+import json
+
+import pytest
+import torch
+
+from specdecode.runtime.kernels import hardware_key, install_kernels, plan_path
+from tests.helpers import tiny_model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_measured_once_then_cached(cache):
+    model = tiny_model(dtype=torch.bfloat16)
+    logs = []
+    first = install_kernels(model, "auto", 2, torch.device("cpu"), log=logs.append)
+    assert first.source == "measured" and first.choices and "cached in" in logs[0]
+    path = plan_path(hardware_key(model, 2))
+    assert path.exists() and json.loads(path.read_text())["key"]["threads"] == 2
+    again = install_kernels(tiny_model(dtype=torch.bfloat16), "auto", 2, torch.device("cpu"))
+    assert again.source == "cached" and again.choices == first.choices and again.seconds == 0
+    assert plan_path(hardware_key(model, 1)) != path  # another thread count measures anew
+    assert first.summary() == {"mode": "auto", "source": "measured", "choices": first.choices}
+
+
+def test_an_unusable_cache_is_measured_again(cache):
+    model = tiny_model(dtype=torch.float32)
+    path = plan_path(hardware_key(model, 2))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"choices": {k: ["nope"] for k in ("linear:97x64:float32",)}}))
+    logs = []
+    plan = install_kernels(model, "auto", 2, torch.device("cpu"), log=logs.append)
+    assert plan.source == "measured" and "measuring again" in logs[0]
+    assert json.loads(path.read_text())["choices"] == plan.choices
+
+
+def test_static_and_unknown_modes(cache):
+    model = tiny_model(dtype=torch.bfloat16)
+    plan = install_kernels(model, "static", 2, torch.device("cpu"))
+    assert plan.source == "static" and plan.choices == {} and not any(cache.iterdir())
+    with pytest.raises(ValueError, match="use one of auto, static"):
+        install_kernels(model, "fast", 2, torch.device("cpu"))
