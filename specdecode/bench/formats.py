@@ -1,5 +1,5 @@
-"""Weight formats and dtypes side by side (``specdecode formats``): for each ``dtype:weights``
-pair, the cost of one target forward over k tokens (k = 1 is a decode step, larger k a verify),
+"""Weight formats and dtypes side by side (``specdecode formats``): for each
+``dtype:weights[:kernels]`` triple, the cost of one target forward over k tokens (k = 1 is a decode step, larger k a verify),
 held-out perplexity, top-1 agreement with the first (reference) format on the same text, and
 greedy agreement with it on real prompts. Timings interleave the formats (every format at one
 k before the next k), all models loaded at once, the same threads."""
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from specdecode.core.engine import Engine, GenerateOptions
 from specdecode.core.model import Transformer
+from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start
@@ -24,13 +25,20 @@ from specdecode.runtime.session import RuntimeConfig, Session, start
 DEFAULT_FORMATS = ("float32:native", "bfloat16:native", "bfloat16:int8", "float32:int8")
 
 
-def parse_format(text: str) -> tuple[str, str]:
-    """``dtype:weights`` (``bfloat16:int8``); a bare dtype means native weights."""
-    dtype, _, weights = text.strip().partition(":")
-    weights = weights or "native"
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"format {text!r}: weights must be one of {', '.join(WEIGHT_FORMATS)} (dtype:weights)")
-    return dtype, weights
+def parse_format(text: str) -> tuple[str, str, str]:
+    """``dtype:weights[:kernels]`` (``bfloat16:int8``, ``bfloat16:native:static``); weights default
+    to native, kernels to auto (``--kernels``)."""
+    dtype, weights, kernels, *extra = text.strip().split(":") + ["", ""]
+    weights, kernels = weights or "native", kernels or "auto"
+    if weights not in WEIGHT_FORMATS or kernels not in KERNEL_MODES or any(extra):
+        raise ValueError(f"format {text!r}: expected dtype:weights[:kernels] with weights one of "
+                         f"{', '.join(WEIGHT_FORMATS)} and kernels one of {', '.join(KERNEL_MODES)}")
+    return dtype, weights, kernels
+
+
+def format_name(dtype: str, weights: str, kernels: str) -> str:
+    """``dtype:weights``, with ``:static`` when the kernels are not the default."""
+    return f"{dtype}:{weights}" + ("" if kernels == "auto" else f":{kernels}")
 
 
 @dataclass(frozen=True)
@@ -51,17 +59,21 @@ class FormatsConfig:
 
 
 def forward_ms(model: Transformer, k: int, context: int, repeats: int) -> float:
-    """Median ms of one forward over k new tokens after ``context`` cached ones (greedy decode: k = 1)."""
+    """Median ms of one forward over k new tokens after about ``context`` cached ones (greedy
+    decode: k = 1). Each repeat runs one cached token later, as decoding does: a kernel that is
+    fast only at a length it has seen before (oneDNN's bf16 matmul builds a primitive per shape:
+    1 ms per call) shows its real cost."""
     device = model.device
-    cache = model.new_cache(1, context + k)
+    cache = model.new_cache(1, context + repeats + 1 + k)
     times = []
     with torch.inference_mode():
-        model(torch.randint(0, 1000, (1, context), device=device), torch.arange(context, device=device), cache)
+        model(torch.randint(0, 1000, (1, context + repeats + 1), device=device),
+              torch.arange(context + repeats + 1, device=device), cache)
         tokens = torch.randint(0, 1000, (1, k), device=device)
-        positions = torch.arange(context, context + k, device=device)
         logits_at = torch.arange(k, device=device)
-        for _ in range(repeats + 1):  # the first is a warm-up
-            cache.truncate(context)
+        for r in range(repeats + 1):  # the first is a warm-up
+            cache.truncate(context + r)
+            positions = torch.arange(context + r, context + r + k, device=device)
             t0 = time.perf_counter()
             model(tokens, positions, cache, logits_at=logits_at)
             times.append(time.perf_counter() - t0)
@@ -97,16 +109,17 @@ def teacher_forced(model: Transformer, passages: list[list[int]]) -> tuple[float
 def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | None = None) -> dict:
     """Every format's speed and quality; see the module doc. Returns ``{"formats": [...], "rows": [...]}``."""
     say = on_progress or (lambda _: None)
-    pairs = [parse_format(f) for f in config.formats]
-    if len(set(pairs)) != len(pairs):
+    triples = [parse_format(f) for f in config.formats]
+    if len(set(triples)) != len(triples):
         raise ValueError(f"a format is listed twice: {', '.join(config.formats)}")
+    names = [format_name(*t) for t in triples]
     sessions: list[Session] = []
-    for dtype, weights in pairs:
-        say(f"loading {dtype}:{weights}")
-        sessions.append(start(RuntimeConfig(model=config.model, dtype=dtype, threads=config.threads, weights=weights)))
-    names = [f"{d}:{w}" for d, w in pairs]
-    rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "forward_ms": {}} for n, (d, w) in zip(
-        names, pairs, strict=True)]
+    for name, (dtype, weights, kernels) in zip(names, triples, strict=True):
+        say(f"loading {name}")
+        sessions.append(start(RuntimeConfig(model=config.model, dtype=dtype, threads=config.threads, weights=weights,
+                                            kernels=kernels)))
+    rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "kernels": s.kernels.summary(), "forward_ms": {}}
+                        for n, (d, w, _), s in zip(names, triples, sessions, strict=True)]
     for k in config.ks:  # interleaved: every format at this k before the next k
         say(f"timing k={k}")
         for row, s in zip(rows, sessions, strict=True):

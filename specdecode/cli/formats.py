@@ -13,11 +13,12 @@ from specdecode.bench.formats import DEFAULT_FORMATS, FormatsConfig
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = FormatsConfig()
     p = sub.add_parser("formats", help="weight formats and dtypes: forward cost vs k, perplexity, greedy agreement",
-                       description="For each dtype:weights format (the first is the reference): ms per target "
+                       description="For each dtype:weights[:kernels] format (the first is the reference): ms per target "
                                    "forward over k tokens (k=1: a decode step; the verify-cost curve), held-out "
                                    "perplexity and top-1 agreement on --passages, greedy agreement on --prompts.")
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                   help=f"comma-separated dtype:weights (weights: native | int8; default {','.join(DEFAULT_FORMATS)})")
+                   help="comma-separated dtype:weights[:kernels] (weights: native | int8; kernels: auto | static, "
+                        f"as --kernels; default {','.join(DEFAULT_FORMATS)})")
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: as generate)")
     p.add_argument("--passages", default=None,

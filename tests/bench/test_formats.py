@@ -9,10 +9,12 @@ from tests.helpers import run_specdecode
 
 
 def test_parse_format():
-    assert parse_format("bfloat16:int8") == ("bfloat16", "int8")
-    assert parse_format(" float32 ") == ("float32", "native")
-    with pytest.raises(ValueError, match="weights must be one of native, int8"):
-        parse_format("bfloat16:int4")
+    assert parse_format("bfloat16:int8") == ("bfloat16", "int8", "auto")
+    assert parse_format(" float32 ") == ("float32", "native", "auto")
+    assert parse_format("bfloat16:native:static") == ("bfloat16", "native", "static")
+    for bad in ("bfloat16:int4", "bfloat16:native:fast", "bfloat16:int8:auto:x"):
+        with pytest.raises(ValueError, match="weights one of native, int8 and kernels one of auto, static"):
+            parse_format(bad)
 
 
 @pytest.mark.model
@@ -21,12 +23,15 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
     passages.write_text('{"text": "The mitochondria is the powerhouse of the cell. It makes ATP from glucose."}\n'
                         '{"text": "Paris is the capital of France, and Berlin is the capital of Germany."}\n')
     out = tmp_path / "formats.json"
-    run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8", "--ks", "1,3", "--repeats", "1",
+    run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8,bfloat16:native:static", "--ks", "1,3", "--repeats", "1",
                    "--num-prompts", "2", "--max-new-tokens", "6", "--passages", str(passages), "--threads", "2",
                    "--out", str(out))
     result = json.loads(out.read_text())
-    assert result["formats"] == ["bfloat16:native", "bfloat16:int8"] and result["reference"] == "bfloat16:native"
-    ref, int8 = result["rows"]
+    assert result["formats"] == ["bfloat16:native", "bfloat16:int8", "bfloat16:native:static"]
+    assert result["reference"] == "bfloat16:native"
+    ref, int8, static = result["rows"]
+    assert ref["kernels"]["mode"] == "auto" and static["kernels"] == {"mode": "static", "source": "static", "choices": {}}
+    assert static["top1_agreement"] > 0.9  # the same formula (bf16: identical here; summation order may differ)
     assert ref["top1_agreement"] == 1.0 and ref["greedy_identical"] == ref["greedy_prompts"] == 2
     assert 0.5 < int8["top1_agreement"] <= 1.0 and ref["passage_tokens"] == int8["passage_tokens"] > 20
     assert int8["perplexity"] == pytest.approx(ref["perplexity"], rel=0.2)  # int8 is close, not a broken model
