@@ -3,16 +3,17 @@
 scale per output channel, and computes in the model's dtype ("weight-only int8": torchao's
 ``int8wo``, vLLM's W8A16). The embedding table stays in the model dtype (a lookup reads one row).
 
-Why int8: decoding one token streams every weight once, and on this CPU the bf16 matmuls
-run far below the memory bandwidth. Measured by ``benchmarks/engine_speed.sh``
-(``benchmarks/results/engine/formats.txt``; bf16 activations, 2 threads, SmolLM2-135M): a
-forward over k tokens with bf16 vs int8 weights, k=1 (a decode step) 32.0 vs 21.1 ms, k=3 34.7
-vs 26.5, k=8 39.3 vs 42.1, k=16 46.8 vs 61.9 (the int8 kernel's cost grows with the rows, so
-small verify trees suit it); held-out perplexity 15.923 vs 16.011 (fp32: 15.932).
+Why int8: decoding one token streams every weight once, and int8 halves the bytes. Measured
+by ``benchmarks/engine_speed.sh`` (``benchmarks/results/engine/formats.txt``; bf16 activations,
+2 threads, SmolLM2-135M, measured kernel plans): a forward over k tokens with bf16 vs int8
+weights, k=1 (a decode step) 12.3 vs 9.4 ms, k=3 13.9 vs 10.5, k=8 15.7 vs 16.3 (the int8
+kernel's cost grows with the rows, so small verify trees suit it); held-out perplexity 15.923
+vs 16.011 (fp32: 15.932).
 
-Both paths compute y = (x @ q^T) * s with the same int8 weights and scales (a kernel for up to
-32 rows, one GEMM beyond): speculative decoding stays lossless relative to the model as
-loaded, up to the rounding differences of multi-token verify (as in bf16).
+Every kernel (``core.kernels``: the int8 kernel, the converted weight with one GEMM or packed
+for oneDNN) computes y = (x @ q^T) * s with the same int8 weights and scales: speculative
+decoding stays lossless relative to the model as loaded, up to the rounding differences of
+multi-token verify (as in bf16).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ WEIGHT_FORMATS = ("native", "int8")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
 # plain formula, which computes the same product
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Up to this many rows the int8 kernel; beyond (prompt prefill, verify trees over 32 tokens) the
+# The static rule (``--kernels static``; ``auto`` measures instead): up to this many rows the int8 kernel; beyond (prompt prefill, verify trees over 32 tokens) the
 # int8 weight converted to the model dtype (exactly: |q| <= 127 fits any float's mantissa) and
 # one GEMM, with the same per-channel scale applied to the output. The kernel's cost grows
 # linearly with the rows. Measured (bf16, 2 threads, us per call, kernel vs convert+GEMM):
