@@ -1,8 +1,9 @@
 """Weight formats and dtypes side by side (``specdecode formats``): for each
-``dtype:weights[:kernels]`` triple, the cost of one target forward over k tokens (k = 1 is a decode step, larger k a verify),
-held-out perplexity, top-1 agreement with the first (reference) format on the same text, and
-greedy agreement with it on real prompts. Timings interleave the formats (every format at one
-k before the next k), all models loaded at once, the same threads."""
+``dtype:weights[:kernels]`` triple, the cost of one target forward over k tokens (k = 1 is a
+decode step, larger k a verify), held-out perplexity, top-1 agreement with the first
+(reference) format on the same text, and greedy agreement with it on real prompts. Timings
+interleave the formats (every format at one k before the next k), all models loaded at once,
+the same threads."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from specdecode.core.engine import Engine, GenerateOptions
-from specdecode.core.model import Transformer
 from specdecode.core.kernels import KERNEL_MODES
+from specdecode.core.model import Transformer
 from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start

@@ -13,8 +13,8 @@ from specdecode.bench.formats import DEFAULT_FORMATS, FormatsConfig
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = FormatsConfig()
     p = sub.add_parser("formats", help="weight formats and dtypes: forward cost vs k, perplexity, greedy agreement",
-                       description="For each dtype:weights[:kernels] format (the first is the reference): ms per target "
-                                   "forward over k tokens (k=1: a decode step; the verify-cost curve), held-out "
+                       description="For each dtype:weights[:kernels] format (the first is the reference): ms per "
+                                   "target forward over k tokens (k=1: a decode step; the verify-cost curve), held-out "
                                    "perplexity and top-1 agreement on --passages, greedy agreement on --prompts.")
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
                    help="comma-separated dtype:weights[:kernels] (weights: native | int8; kernels: auto | static, "

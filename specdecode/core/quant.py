@@ -30,7 +30,8 @@ WEIGHT_FORMATS = ("native", "int8")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
 # plain formula, which computes the same product
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# The static rule (``--kernels static``; ``auto`` measures instead): up to this many rows the int8 kernel; beyond (prompt prefill, verify trees over 32 tokens) the
+# The static rule (``--kernels static``; ``auto`` measures instead): up to this many rows the
+# int8 kernel; beyond (prompt prefill, verify trees over 32 tokens) the
 # int8 weight converted to the model dtype (exactly: |q| <= 127 fits any float's mantissa) and
 # one GEMM, with the same per-channel scale applied to the output. The kernel's cost grows
 # linearly with the rows. Measured (bf16, 2 threads, us per call, kernel vs convert+GEMM):

@@ -23,14 +23,16 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
     passages.write_text('{"text": "The mitochondria is the powerhouse of the cell. It makes ATP from glucose."}\n'
                         '{"text": "Paris is the capital of France, and Berlin is the capital of Germany."}\n')
     out = tmp_path / "formats.json"
-    run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8,bfloat16:native:static", "--ks", "1,3", "--repeats", "1",
+    run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8,bfloat16:native:static", "--ks", "1,3",
+                   "--repeats", "1",
                    "--num-prompts", "2", "--max-new-tokens", "6", "--passages", str(passages), "--threads", "2",
                    "--out", str(out))
     result = json.loads(out.read_text())
     assert result["formats"] == ["bfloat16:native", "bfloat16:int8", "bfloat16:native:static"]
     assert result["reference"] == "bfloat16:native"
     ref, int8, static = result["rows"]
-    assert ref["kernels"]["mode"] == "auto" and static["kernels"] == {"mode": "static", "source": "static", "choices": {}}
+    assert ref["kernels"]["mode"] == "auto"
+    assert static["kernels"] == {"mode": "static", "source": "static", "choices": {}}
     assert static["top1_agreement"] > 0.9  # the same formula (bf16: identical here; summation order may differ)
     assert ref["top1_agreement"] == 1.0 and ref["greedy_identical"] == ref["greedy_prompts"] == 2
     assert 0.5 < int8["top1_agreement"] <= 1.0 and ref["passage_tokens"] == int8["passage_tokens"] > 20
