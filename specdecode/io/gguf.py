@@ -11,10 +11,10 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdecode.io.errors import ModelLoadError
 from specdecode.io.paths import cache_root, file_fingerprint
@@ -134,3 +134,79 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# ggml's 4-bit blocks: 32 weights each. Q4_0: fp16 d, then 16 bytes of nibbles, w = d * (q - 8);
+# Q4_1: fp16 d, fp16 m, then the nibbles, w = d * q + m. Byte j holds weight j (low nibble) and
+# weight j + 16 (high nibble).
+_Q4_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
+
+
+def q4_blocks(raw: Any, kind: str, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A Q4_0/Q4_1 tensor's raw bytes [rows, cols / 32 * block bytes] -> (q [rows, cols] in 0..15,
+    scales, zeros [rows, cols / 32] float32) with w = (q - 8) * scale + zero."""
+    import numpy as np
+
+    size = _Q4_BLOCK_BYTES[kind]
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // 32, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "Q4_1" else np.zeros_like(d)
+    nibbles = blocks[..., size - 16:]
+    q = np.concatenate((nibbles & 0x0F, nibbles >> 4), axis=-1).reshape(rows, cols)
+    zeros = m + 8 * d if kind == "Q4_1" else m  # d * q + m = d * (q - 8) + (m + 8d)
+    return torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d), torch.from_numpy(zeros)
+
+
+def apply_gguf_q4(model: nn.Module, gguf_path: Path, dtype: torch.dtype) -> int:
+    """Replace ``model``'s fused linear layers (qkv, o, gate_up, down of every layer) whose GGUF
+    tensors are all Q4_0/Q4_1 with ``core.quant.Int4Linear`` on the file's own blocks (Q/K rows
+    un-permuted as the loader does). Returns how many layers changed; the caller puts the rest
+    (e.g. a Q8_0 lm_head) in another format."""
+    import gguf
+
+    from specdecode.core.model import DecoderLayer, Transformer
+    from specdecode.core.quant import Int4Linear
+
+    if not isinstance(model, Transformer):
+        raise TypeError("apply_gguf_q4 takes a core.model.Transformer")
+    reader = gguf.GGUFReader(str(gguf_path))
+    n_heads = int(_gguf_field(reader, "llama.attention.head_count"))
+    n_kv = int(_gguf_field(reader, "llama.attention.head_count_kv", n_heads))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def blocks(name: str) -> tuple[Tensor, Tensor, Tensor] | None:
+        t = tensors.get(name)
+        if t is None or t.tensor_type.name not in _Q4_BLOCK_BYTES:
+            return None
+        cols, rows = (int(x) for x in t.shape)  # ggml order: fastest-varying first
+        q, s, z = q4_blocks(t.data, t.tensor_type.name, rows, cols)
+        kind = name.split(".")[2]
+        if kind in ("attn_q", "attn_k"):
+            heads = n_heads if kind == "attn_q" else n_kv
+            q, s, z = (_unpermute_rope_rows(x, heads) for x in (q, s, z))
+        return q, s, z
+
+    def fused(*names: str) -> Int4Linear | None:
+        parts = [blocks(n) for n in names]
+        if any(p is None for p in parts):
+            return None
+        q, s, z = (torch.cat([p[i] for p in parts if p is not None]) for i in range(3))
+        return Int4Linear(q, s, z, dtype)
+
+    changed = 0
+    for i, layer in enumerate(model.layers):
+        layer = cast(DecoderLayer, layer)
+        attn, mlp = layer.self_attn, layer.mlp
+        swaps = ((attn, "qkv_proj", fused(*(f"blk.{i}.attn_{n}.weight" for n in "qkv"))),
+                 (attn, "o_proj", fused(f"blk.{i}.attn_output.weight")),
+                 (mlp, "gate_up_proj", fused(f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight")),
+                 (mlp, "down_proj", fused(f"blk.{i}.ffn_down.weight")))
+        for parent, attr, new in swaps:
+            if new is not None:
+                old = getattr(parent, attr)
+                if (new.out_features, new.in_features) != (old.out_features, old.in_features):
+                    raise ModelLoadError(f"{gguf_path}: 4-bit {attr} of layer {i} is {new.out_features}x"
+                                         f"{new.in_features}, the model's {old.out_features}x{old.in_features}")
+                setattr(parent, attr, new.to(old.weight.device))
+                changed += 1
+    return changed

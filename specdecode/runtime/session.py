@@ -14,7 +14,8 @@ import torch
 
 from specdecode.core.kernels import KernelPlan
 from specdecode.core.quant import check_weight_format, quantize_weights
-from specdecode.io.loading import LoadedModel, load_model, parse_dtype
+from specdecode.io.gguf import apply_gguf_q4
+from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
@@ -91,8 +92,15 @@ def start(config: RuntimeConfig) -> Session:
     rank, size = world()
     if size > 1 and config.weights != "native":
         raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")
+    source, _ = resolve_model_dir(config.model)
+    if config.weights == "q4" and source.suffix.lower() != ".gguf":
+        raise ValueError(f"--weights q4 runs a GGUF file's own 4-bit blocks; {source} is not a GGUF file "
+                         "(use --weights int8)")
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
+    if config.weights == "q4":
+        if apply_gguf_q4(loaded.model, loaded.source, dtype) == 0:
+            raise ValueError(f"--weights q4: {loaded.source} has no Q4_0/Q4_1 layer tensors (use --weights int8)")
     quantize_weights(loaded.model, config.weights)
     plan = install_kernels(loaded.model, config.kernels, threads, device)
     return Session(config, loaded, device, dtype, threads, rank, size, comm, plan)

@@ -58,3 +58,37 @@ def test_speculative_greedy_is_lossless_on_int8_weights():
     decoder = Eagle3Decoder(random_drafter(model, 60, seed=1), SpecConfig(3, 2, 6))
     report = check_lossless(model, DigitTokenizer(), lambda ids: decoder, PROMPTS, max_new_tokens=16)
     assert report.passed and report.rows and all(r["accept_length"] >= 1.0 for r in report.rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_int4_kernel_is_the_formula(dtype):
+    from specdecode.core.kernels import onednn_pack
+    from specdecode.core.quant import Int4Linear
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randint(0, 16, (48, 64), generator=g)
+    scales, zeros = torch.rand(48, 2, generator=g) / 10 + 0.01, torch.randn(48, 2, generator=g) / 10
+    layer = Int4Linear(q, scales, zeros, dtype)
+    w = (q.double() - 8) * scales.double().repeat_interleave(32, 1) + zeros.double().repeat_interleave(32, 1)
+    torch.testing.assert_close(layer.dequantized().double(), w, rtol=0, atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    assert "int4pack" in layer.kernel_candidates(1)
+    if "onednn" in layer.kernel_candidates(1):
+        layer.packed = onednn_pack(layer.packable_weight())
+    for rows in (1, 3, 40):
+        x = torch.randn(rows, 64, generator=g).to(dtype)
+        ref = x.double() @ w.t()
+        for kernel in (*layer.kernel_candidates(rows), "aten"):
+            err = (layer.run_kernel(kernel, x).double() - ref).abs().max() / ref.abs().max()
+            assert err <= (2e-2 if dtype == torch.bfloat16 else 1e-5), (kernel, rows, float(err))
+    assert layer(torch.randn(2, 3, 64).to(dtype)).shape == (2, 3, 48)
+    odd = Int4Linear(q[:40], scales[:40], zeros[:40], dtype)  # the 4-bit kernel packs 16 rows at a time
+    assert "int4pack" not in odd.kernel_candidates(1) and odd(torch.randn(1, 64).to(dtype)).shape == (1, 40)
+
+
+def test_int4_refuses_bad_blocks():
+    from specdecode.core.quant import Int4Linear
+
+    with pytest.raises(ValueError, match="groups of 32"):
+        Int4Linear(torch.zeros(4, 48, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1), torch.float32)
+    with pytest.raises(ValueError, match="0..15"):
+        Int4Linear(torch.full((4, 32), 16), torch.ones(4, 1), torch.zeros(4, 1), torch.float32)
