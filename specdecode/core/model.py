@@ -114,8 +114,16 @@ class Linear(nn.Linear):
     def packable_weight(self) -> Tensor:
         return self.weight.detach()
 
-    if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
-        __call__ = forward
+    # Calling runs forward directly, without nn.Module's hook dispatch: a decode step makes about
+    # 300 such calls, and skipping the dispatch saved 0.43 ms of 8.6 (5%; SmolLM2, 4-bit weights,
+    # 2 threads). Hooks on these inner modules do not fire; hook the Transformer itself.
+    __call__ = forward
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that overrides forward (RowParallelLinear) is called through its own."""
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            cls.__call__ = cls.forward  # type: ignore[method-assign]
 
 
 class RMSNorm(nn.Module):
@@ -131,8 +139,7 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
-    if TYPE_CHECKING:
-        __call__ = forward
+    __call__ = forward  # no hook dispatch: see Linear
 
 
 def rope_inv_freq(config: ModelConfig) -> Tensor:
@@ -164,10 +171,10 @@ def rope_inv_freq(config: ModelConfig) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [B, heads, T, D]; cos/sin: [B, 1, T, D] (rotate-half convention, as in HF)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """x: [B, heads, T, D]; cos/sin: [B, 1, T, D] from rope_cos_sin (rotate-half convention, as
+    in HF: x * cos + cat(-x2, x1) * sin). The halves swap with one roll and the sign lives in the
+    table's first half: bit-identical, 3 ops fewer (measured 0.19 ms of an 8.3 ms decode step)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 class KVCache(nn.Module):
@@ -283,8 +290,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
-    if TYPE_CHECKING:
-        __call__ = forward
+    __call__ = forward  # no hook dispatch: see Linear
 
 
 class MLP(nn.Module):
@@ -297,8 +303,7 @@ class MLP(nn.Module):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
-    if TYPE_CHECKING:
-        __call__ = forward
+    __call__ = forward  # no hook dispatch: see Linear
 
 
 class DecoderLayer(nn.Module):
@@ -314,8 +319,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_k, layer_v, start, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    if TYPE_CHECKING:
-        __call__ = forward
+    __call__ = forward  # no hook dispatch: see Linear
 
 
 @dataclass
@@ -412,10 +416,11 @@ class Transformer(nn.Module):
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin tables [B, 1, T, D] for positions [B, T]."""
+    """cos and signed sin tables [B, 1, T, D] for positions [B, T], for apply_rope: the sin
+    table's first half is negated (HF's sin is the same in both halves)."""
     freqs = positions[..., None].float() * inv_freq.to(positions.device)  # [B, T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = freqs.sin()
+    return torch.cat((freqs, freqs), dim=-1)[:, None].cos().to(dtype), torch.cat((-sin, sin), dim=-1)[:, None].to(dtype)
 
 
 def slot_attention_mask(mask: Tensor | None, slots: Tensor, max_len: int) -> Tensor:

@@ -22,7 +22,7 @@ multi-token verify (as in bf16).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -109,8 +109,7 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
-    if TYPE_CHECKING:
-        __call__ = forward
+    __call__ = forward  # no hook dispatch: see core.model.Linear
 
 
 # 4-bit weights: aten._weight_int4pack_mm_for_cpu reads SmolLM2's layer matrices at 22-28 GB/s of
@@ -192,8 +191,7 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={_INT4_GROUP}"
 
-    if TYPE_CHECKING:
-        __call__ = forward
+    __call__ = forward  # no hook dispatch: see core.model.Linear
 
 
 def check_weight_format(weights: str) -> None:

@@ -98,9 +98,8 @@ def start(config: RuntimeConfig) -> Session:
                          "(use --weights int8)")
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
-    if config.weights == "q4":
-        if apply_gguf_q4(loaded.model, loaded.source, dtype) == 0:
-            raise ValueError(f"--weights q4: {loaded.source} has no Q4_0/Q4_1 layer tensors (use --weights int8)")
+    if config.weights == "q4" and apply_gguf_q4(loaded.model, loaded.source, dtype) == 0:
+        raise ValueError(f"--weights q4: {loaded.source} has no Q4_0/Q4_1 layer tensors (use --weights int8)")
     quantize_weights(loaded.model, config.weights)
     plan = install_kernels(loaded.model, config.kernels, threads, device)
     return Session(config, loaded, device, dtype, threads, rank, size, comm, plan)

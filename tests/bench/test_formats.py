@@ -13,7 +13,7 @@ def test_parse_format():
     assert parse_format(" float32 ") == ("float32", "native", "auto")
     assert parse_format("bfloat16:native:static") == ("bfloat16", "native", "static")
     for bad in ("bfloat16:int4", "bfloat16:native:fast", "bfloat16:int8:auto:x"):
-        with pytest.raises(ValueError, match="weights one of native, int8 and kernels one of auto, static"):
+        with pytest.raises(ValueError, match="weights one of native, int8, q4 and kernels one of auto, static"):
             parse_format(bad)
 
 

@@ -40,9 +40,8 @@ def test_q4_format_runs_the_files_own_weights():
 
 
 def test_q4_needs_a_gguf(tmp_path):
-    from tests.helpers import save_tiny_hf
-
     from specdecode.runtime.session import RuntimeConfig, start
+    from tests.helpers import save_tiny_hf
 
     save_tiny_hf(tmp_path)
     with pytest.raises(ValueError, match=r"not a GGUF file \(use --weights int8\)"):
