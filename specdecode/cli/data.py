@@ -23,6 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", nargs="+", required=True,
                    help="prompt files: self-instruct seed tasks, user-oriented instructions, or jsonl with "
                         "'prompt' / 'instruction' / 'messages' (Spec-Bench is refused)")
+    p.add_argument("--sample", type=int, default=d.sample, metavar="N",
+                   help="draw N prompts from the files, an equal share per category (the files' 'category' field; "
+                        "a category with fewer prompts gives its rest to the others); default: every prompt")
     p.add_argument("--bootstrap", type=int, default=d.bootstrap, help="new instructions to bootstrap with the target")
     p.add_argument("--limit", type=int, default=d.limit, help="stop at this many samples in total")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -42,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_config(args: argparse.Namespace) -> DataBuildConfig:
     return DataBuildConfig(
-        out=args.out, prompts=tuple(args.prompts), bootstrap=args.bootstrap, limit=args.limit,
+        out=args.out, prompts=tuple(args.prompts), sample=args.sample, bootstrap=args.bootstrap, limit=args.limit,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
         sampled_fraction=args.sampled_fraction, temperature=args.temperature, top_p=args.top_p,
         heldout_percent=args.heldout_percent, seed=args.seed)

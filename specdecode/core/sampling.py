@@ -67,5 +67,12 @@ def sample_from_probs(probs: Tensor, generator: torch.Generator | None) -> Tenso
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> Tensor:
     """Next token ids for logits [..., V]: argmax when greedy, else a seeded draw."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return greedy_argmax(logits)
     return sample_from_probs(logits_to_probs(logits, params), generator)
+
+
+def greedy_argmax(logits: Tensor) -> Tensor:
+    """argmax over the last dimension (the first index on ties, as argmax). ``max().indices``:
+    on CPU, bf16 ``argmax`` over SmolLM2's 49152 logits took 169 us, ``max`` 34 us (one call
+    per decoded token)."""
+    return logits.max(dim=-1).indices

@@ -25,7 +25,7 @@ from torch import Tensor
 from specdecode.core.engine import DecodeStep, check_context
 from specdecode.core.model import KVCache, Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
-from specdecode.core.sampling import SamplingParams, sample
+from specdecode.core.sampling import SamplingParams, greedy_argmax, sample
 
 
 def max_draft_tokens(num_steps: int, topk: int) -> int:
@@ -240,7 +240,7 @@ def verify(target: Transformer, cache: KVCache, tree: DraftTree, aux_layers: Seq
 def accept_greedy(tree: DraftTree, ver: Verification, choice: list[int] | None = None) -> Acceptance:
     """Longest path whose every token is the target's argmax after its parent. ``choice``: that
     argmax per node when already computed (a batch takes it for every row in one call)."""
-    choice = ver.logits.argmax(-1).tolist() if choice is None else choice
+    choice = greedy_argmax(ver.logits).tolist() if choice is None else choice
     tokens = tree.tokens.tolist()
     kids = tree.children()
     path = [0]

@@ -37,6 +37,7 @@ class DataBuildConfig:
     out: str
     prompts: tuple[str, ...]
     bootstrap: int = 0  # new instructions to bootstrap with the target
+    sample: int | None = None  # draw this many prompts, an equal share per category (sample_by_category)
     limit: int | None = None  # stop at this many samples in total
     max_new_tokens: int = 256
     max_prompt_tokens: int = 768
@@ -72,6 +73,7 @@ class PromptRecord:
     id: str
     source: str
     messages: tuple[dict, ...]
+    category: str = ""  # coarse category (the file's "category" before any ":"); "" when the file has none
 
 
 def normalize(text: str) -> str:
@@ -97,8 +99,31 @@ def read_prompt_file(path: Path) -> list[PromptRecord]:
                 raise ValueError(f"{path}:{n}: raw 'text' has no chat turn to answer; expected 'instruction', "
                                  "'prompt' or 'messages'")
             messages = tuple(m for m in p.messages if m.get("role") != "assistant")
-            records.append(PromptRecord(prompt_id(messages), path.stem, messages))
+            category = str(row.get("category") or "").split(":")[0]
+            records.append(PromptRecord(prompt_id(messages), path.stem, messages, category))
     return records
+
+
+def sample_by_category(records: list[PromptRecord], count: int, seed: int) -> list[PromptRecord]:
+    """``count`` records with an equal share per category (records without one form their own
+    group); a category with fewer records than its share gives the rest to the others. The
+    corpus is uneven (math and translation have thousands, writing and roleplay hundreds), so
+    taking the union would train mostly on the largest categories. Deterministic for a seed."""
+    groups: dict[str, list[PromptRecord]] = {}
+    for r in records:
+        groups.setdefault(r.category, []).append(r)
+    rng = random.Random(seed)
+    for key in sorted(groups):
+        rng.shuffle(groups[key])
+    quota: dict[str, int] = {}
+    left, open_groups = min(count, len(records)), sorted(groups, key=lambda k: len(groups[k]))
+    while open_groups:  # smallest first: a full category passes its rest on
+        key = open_groups.pop(0)
+        quota[key] = min(len(groups[key]), left // (len(open_groups) + 1))
+        left -= quota[key]
+    picked = [r for key in sorted(groups) for r in groups[key][:quota[key]]]
+    rng.shuffle(picked)
+    return picked
 
 
 def dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
@@ -177,6 +202,8 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     for path in cfg.prompts:
         records += read_prompt_file(Path(path))
     records = dedupe(records)
+    if cfg.sample:
+        records = sample_by_category(records, cfg.sample, cfg.seed)
     report(BuildProgress("seeds", len(records), len(cfg.prompts)))
     if cfg.bootstrap:
         boot = _bootstrapped(cfg, loaded, records, report)
@@ -237,7 +264,8 @@ def write_manifest(ds: DataSet, session: Session, cfg: DataBuildConfig, extra: d
     ds.write_manifest({
         "format": "specdecode-data-v1", "model": str(loaded.source), "model_fingerprint": fingerprint(loaded),
         "chat_template_sha": hashlib.sha256(template.encode()).hexdigest()[:16],
-        "dtype": session.config.dtype, "prompt_files": [str(p) for p in cfg.prompts], "bootstrap": cfg.bootstrap,
+        "dtype": session.config.dtype, "weights": session.config.weights,
+        "prompt_files": [str(p) for p in cfg.prompts], "sample": cfg.sample, "bootstrap": cfg.bootstrap,
         "max_new_tokens": cfg.max_new_tokens, "sampled_fraction": cfg.sampled_fraction,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "heldout_percent": cfg.heldout_percent,
         "seed": cfg.seed, **extra,

@@ -23,11 +23,13 @@ def test_generate_json():
     assert record["threads"] == 2
 
 
-def test_generate_with_int8_weights():
+@pytest.mark.parametrize("weights", ["int8", "q4"])
+def test_generate_with_reduced_weights(weights):  # q4: what scripts/demo.sh runs
     out = specdecode("generate", "What is the capital of France?", "--json", "--max-new-tokens", "12",
-                     "--dtype", "bfloat16", "--weights", "int8", "--threads", "2")
+                     "--dtype", "bfloat16", "--weights", weights, "--threads", "2")
     record = json.loads(out.stdout)
-    assert record["weights"] == "int8" and record["num_tokens"] >= 1 and "Paris" in record["text"]
+    assert record["weights"] == weights and record["num_tokens"] >= 1 and "Paris" in record["text"]
+    assert record["kernels"]["mode"] == "auto" and record["kernels"]["choices"]
 
 
 def test_generate_stream_raw_and_summary():

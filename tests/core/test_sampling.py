@@ -49,3 +49,12 @@ def test_seeded_sampling_is_reproducible_and_follows_distribution():
 def test_invalid_params(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_greedy_argmax_is_argmax_with_ties_to_the_first():
+    from specdecode.core.sampling import greedy_argmax
+
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        x = torch.randn(3, 4, 500).to(dtype)
+        x[0, 1, 7] = x[0, 1, 300] = x[0, 1].max() + 1  # a tie: the first wins
+        assert torch.equal(greedy_argmax(x), x.argmax(-1)) and int(greedy_argmax(x)[0, 1]) == 7

@@ -47,3 +47,21 @@ def test_raw_text_and_unknown_rows_are_clear_errors(tmp_path):
         read_prompt_file(write_jsonl(tmp_path / "t.jsonl", [{"text": "raw"}]))
     with pytest.raises(ValueError, match="u.jsonl:1: expected a"):
         read_prompt_file(write_jsonl(tmp_path / "u.jsonl", [{"question": "?"}]))
+
+
+def test_sample_by_category_shares_evenly_and_passes_on_the_rest(tmp_path):
+    from specdecode.training.data import read_prompt_file, sample_by_category
+
+    path = tmp_path / "corpus.jsonl"
+    rows = ([{"prompt": f"math {i}", "category": "math"} for i in range(50)]
+            + [{"prompt": f"poem {i}", "category": "writing:poetry"} for i in range(3)]
+            + [{"prompt": f"code {i}", "category": "coding"} for i in range(20)])
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    records = read_prompt_file(path)
+    assert {r.category for r in records} == {"math", "writing", "coding"}  # the coarse part
+    picked = sample_by_category(records, 30, seed=1)
+    counts = {c: sum(r.category == c for r in picked) for c in ("math", "writing", "coding")}
+    assert counts == {"writing": 3, "coding": 13, "math": 14}  # writing has 3: its rest goes to the others
+    assert len({r.id for r in picked}) == 30
+    assert [r.id for r in sample_by_category(records, 30, seed=1)] == [r.id for r in picked]  # deterministic
+    assert len(sample_by_category(records, 500, seed=1)) == 73  # never more than there are
