@@ -74,7 +74,9 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    # split on "\n" only: str.splitlines also breaks at U+2028, U+0085 and form feeds, which JSON
+    # strings may hold unescaped (the shared corpus does: MMLU prompts)
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

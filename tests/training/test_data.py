@@ -65,3 +65,14 @@ def test_sample_by_category_shares_evenly_and_passes_on_the_rest(tmp_path):
     assert len({r.id for r in picked}) == 30
     assert [r.id for r in sample_by_category(records, 30, seed=1)] == [r.id for r in picked]  # deterministic
     assert len(sample_by_category(records, 500, seed=1)) == 73  # never more than there are
+
+
+def test_prompts_holding_unicode_line_separators_are_one_line(tmp_path):
+    from specdecode.training.data import read_prompt_file
+
+    # json.dumps(ensure_ascii=False) leaves U+2028 and U+0085 raw; JSONL lines end at "\n" only
+    path = tmp_path / "mmlu.jsonl"
+    path.write_text(json.dumps({"prompt": "a\u2028b\x85c\x0cd", "category": "stem"}, ensure_ascii=False) + "\n"
+                    + json.dumps({"prompt": "second"}) + "\n", encoding="utf-8")
+    records = read_prompt_file(path)
+    assert [r.messages[0]["content"] for r in records] == ["a\u2028b\x85c\x0cd", "second"]
