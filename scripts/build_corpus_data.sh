@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Drafter training data v3 (issue 13): the target (SmolLM2-135M-Instruct, bf16 activations, the
+# GGUF's own 4-bit weights) answers prompts drawn from the shared training corpus with an equal
+# share per category, greedy, up to 256 new tokens, 5% held out by prompt id. Resumable: run it
+# again after an interruption and it continues where the data set stops (the draw is fixed by
+# --sample and --seed; prompts already answered are skipped). Writes datasets/smollm2-135m-corpus-v3.
+# lm-sys__FastChat.jsonl is left out: those 78 prompts are Vicuna-bench's evaluation questions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+PROMPTS=${PROMPTS:-../shared/data/prompts}
+mapfile -t FILES < <(ls "$PROMPTS"/*.jsonl "$PROMPTS"/long/*.jsonl | grep -v FastChat)
+.venv/bin/specdecode data build --out datasets/smollm2-135m-corpus-v3 --dtype bfloat16 --weights q4 \
+    --threads "${THREADS:-2}" --batch-size 128 --max-new-tokens 256 --sample "${SAMPLE:-6000}" \
+    --sampled-fraction 0 --seed 0 --prompts "${FILES[@]}"
