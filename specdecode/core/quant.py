@@ -73,7 +73,8 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(rows, x.shape[-1])
         if self.kernels is not None and x.dtype == self.scales.dtype:
             kernel = self.kernels[bucket_of(rows)]
-        elif rows <= _KERNEL_MAX_ROWS and "int8pack" in self.kernel_candidates(rows) and x.dtype == self.scales.dtype:
+        elif (rows <= _KERNEL_MAX_ROWS and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
+              and x.dtype == self.scales.dtype):  # the static rule, without building the candidate list per call
             kernel = "int8pack"
         else:
             kernel = "aten"
@@ -159,8 +160,10 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(rows, x.shape[-1])
         if self.kernels is not None and x.dtype == self.scales_and_zeros.dtype:
             kernel = self.kernels[bucket_of(rows)]
+        elif x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel():
+            kernel = "int4pack"
         else:
-            kernel = "int4pack" if "int4pack" in self.kernel_candidates(rows) else "aten"
+            kernel = "aten"
         return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
