@@ -12,7 +12,7 @@ from specdecode.training.trainer import EvalDone, StepDone, TrainConfig, TrainEv
 INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
               "eval_every", "save_every", "eval_samples")
 FLOAT_FIELDS = ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
-                "fc_lr_scale")
+                "fc_lr_scale", "feature_noise")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
     p.add_argument("--random-init", action="store_true", help="do not warm-start from the target's last layer")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N | auto (default: cpu); the target and the "
+                                                      "drafter both run there")
     p.set_defaults(func=run)
 
 

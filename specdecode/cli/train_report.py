@@ -11,7 +11,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-report", help="acceptance vs training-set size: table and PNG plot",
                        description="acceptance vs training-set size: table and PNG plot")
     p.add_argument("runs", nargs="+", help="output directories of `specdecode train`")
-    p.add_argument("--plot", default="data_scaling.png")
+    p.add_argument("--plot", default=None, help="also plot accept length against samples into this PNG")
     p.add_argument("--json", default=None, help="also write the rows as JSON")
     p.set_defaults(func=run)
 
@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
 
     rows = collect(args.runs)
     print(markdown(rows))
-    plot(rows, Path(args.plot))
+    if args.plot:
+        plot(rows, Path(args.plot))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

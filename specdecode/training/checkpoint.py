@@ -25,13 +25,13 @@ def save_checkpoint(path: Path, drafter: Eagle3Drafter, opt: torch.optim.Optimiz
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(tmp / "drafter.safetensors"))
+    save_file({k: v.contiguous().cpu() for k, v in drafter.state_dict().items()}, str(tmp / "drafter.safetensors"))
     names = {id(p): n for n, p in drafter.named_parameters()}
     opt_tensors = {}
     for group in opt.param_groups:
         for p in group["params"]:
             for k, v in opt.state.get(p, {}).items():
-                opt_tensors[f"{names[id(p)]}::{k}"] = v.detach().clone().reshape(v.shape).contiguous()
+                opt_tensors[f"{names[id(p)]}::{k}"] = v.detach().clone().reshape(v.shape).contiguous().cpu()
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     if path.exists():
@@ -71,6 +71,7 @@ def load_checkpoint(path: Path, drafter: Eagle3Drafter, opt: torch.optim.Optimiz
     params = dict(drafter.named_parameters())
     for key, v in opt_tensors.items():
         name, _, slot = key.partition("::")
-        opt.state[params[name]][slot] = v
+        # moments live beside their parameter; AdamW keeps its step count on the CPU
+        opt.state[params[name]][slot] = v if slot == "step" else v.to(params[name].device)
     return state
 

@@ -151,6 +151,6 @@ def draft_vocab(counts: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tens
 
 def draft_index(t2d: torch.Tensor) -> torch.Tensor:
     """Target id -> draft id (-1 outside the draft vocabulary)."""
-    index = torch.full((len(t2d),), -1, dtype=torch.long)
-    index[t2d] = torch.arange(int(t2d.sum()))
+    index = torch.full((len(t2d),), -1, dtype=torch.long, device=t2d.device)
+    index[t2d] = torch.arange(int(t2d.sum()), device=t2d.device)
     return index

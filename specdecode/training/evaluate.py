@@ -45,9 +45,9 @@ def evaluate(drafter: Eagle3Drafter, target: Transformer, ds: DataSet, rows: lis
     sim = {d: [0, 0] for d in range(1, cfg.ttt_steps + 1)}
     for s in range(0, len(greedy), 8):
         idx = greedy[s:s + 8]
-        tokens, valid, loss_mask = collate(ds, rows, idx, cfg.max_len, tokens_mm)
+        tokens, valid, loss_mask = collate(ds, rows, idx, cfg.max_len, tokens_mm, target.device)
         tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+        with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=cfg.autocast):
             outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
             _, step_losses, step_accs, correct = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
         losses += np.array(step_losses) * len(idx)
@@ -91,7 +91,7 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     tokens_mm = ds.tokens()
     target = session.loaded.model
     drafter = load_drafter(cfg.drafter, target)
-    t2d = drafter.t2d.cpu()
+    t2d = drafter.t2d
     t2d_index = draft_index(t2d)
     aux = drafter.config.aux_layer_ids
     depth = cfg.depth
@@ -100,7 +100,7 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     eng_tokens = eng_cycles = 0
     same_text = 0
     for r in rows:
-        tokens, valid, loss_mask = collate(ds, [r], [0], cfg.max_len, tokens_mm)
+        tokens, valid, loss_mask = collate(ds, [r], [0], cfg.max_len, tokens_mm, target.device)
         with torch.no_grad():
             tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
             outs = ttt_forward(drafter, tokens, valid, tb, depth)

@@ -20,20 +20,33 @@ def collect(run_dirs: list[str]) -> list[dict]:
             "run": str(d), "samples": s["samples"], "assistant_tokens": s.get("assistant_tokens"),
             "steps": s["steps"], "coverage": s["coverage"], "minutes": s["seconds_this_run"] / 60,
             "accept_length_by_depth": {int(k): v for k, v in (ev.get("accept_length_by_depth") or {}).items()},
-            "step_acc": ev.get("step_acc", []),
+            "step_acc": ev.get("step_acc", []), "config": s.get("config", {}),
         })
     return sorted(rows, key=lambda r: r["samples"])
 
 
+def differing_settings(rows: list[dict]) -> list[str]:
+    """The training settings that differ between the runs (the variables a comparison varies)."""
+    keys = sorted({k for r in rows for k in r["config"]} - {"out", "eval_every", "save_every"})
+    return [k for k in keys if len({json.dumps(r["config"].get(k)) for r in rows}) > 1]
+
+
 def markdown(rows: list[dict], depths: tuple[int, ...] = (2, 3, 4, 5)) -> str:
-    head = "| samples | assistant tokens | steps | draft-vocab coverage | " + " | ".join(
-        f"accept len (chain {d})" for d in depths) + " | step-1 acc |"
-    lines = [head, "|" + "---|" * (5 + len(depths))]
+    """One row per run; when the runs differ in more than their data, a "settings" column names
+    what differs (draft vocab, TTT depth, learning rate...)."""
+    varied = [k for k in differing_settings(rows) if k != "limit_samples"]
+    head = ("| settings " if varied else "") + "| samples | assistant tokens | steps | draft-vocab coverage | " \
+        + " | ".join(f"accept len (chain {d})" for d in depths) + " | step-1 acc | minutes |"
+    lines = [head, "|" + "---|" * (6 + len(depths) + bool(varied))]
     for r in rows:
         acc = r["accept_length_by_depth"]
         step1 = f"{r['step_acc'][0]:.2f}" if r["step_acc"] else "-"
-        lines.append(f"| {r['samples']} | {r['assistant_tokens'] or '-'} | {r['steps']} | {100 * r['coverage']:.1f}% | "
-                     + " | ".join(f"{acc[d]:.2f}" if d in acc else "-" for d in depths) + f" | {step1} |")
+        settings = ", ".join(f"{k}={r['config'].get(k)}" for k in varied)
+        lines.append((f"| {settings} " if varied else "")
+                     + f"| {r['samples']} | {r['assistant_tokens'] or '-'} | {r['steps']} "
+                     + f"| {100 * r['coverage']:.1f}% | "
+                     + " | ".join(f"{acc[d]:.2f}" if d in acc else "-" for d in depths)
+                     + f" | {step1} | {r['minutes']:.1f} |")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from specdecode.core.model import DecoderLayer, Transformer
 from specdecode.io.checkpoints import save_drafter
 from specdecode.io.hf import load_hf_dir
 from specdecode.io.loading import parse_dtype, resolve_model_dir
+from specdecode.runtime.device import resolve_device
 from specdecode.training.checkpoint import load_checkpoint, save_checkpoint
 from specdecode.training.dataset import (
     DataSet,
@@ -64,6 +65,8 @@ class TrainConfig:
     autocast: bool = True
     init_from_target: bool = True  # start the draft layer from the target's last layer
     fc_lr_scale: float = 0.1  # fc multiplies the target's massive activations (|x| ~ 1e4 on the first token)
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto: where the target and the drafter run
+    feature_noise: float = 0.0  # gaussian noise on each target tap, std relative to that tap's RMS per position
 
 
 # ---------------------------------------------------------------- batches
@@ -136,10 +139,23 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def add_feature_noise(hidden: Tensor, taps: int, scale: float, seed: int) -> Tensor:
+    """EAGLE-1's feature noise, made scale-free: each of the ``taps`` fused hidden states gets
+    gaussian noise of std ``scale`` x its own RMS at that position (SmolLM2's first-token
+    activations are ~1e4, the rest ~1-10, so one absolute std fits neither). Seeded per step:
+    a resumed run draws the same noise."""
+    B, T, W = hidden.shape
+    x = hidden.float().view(B, T, taps, W // taps)
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(x.shape, generator=g).to(x.device) * rms * scale
+    return (x + noise).view(B, T, W).to(hidden.dtype)
+
+
 def build_drafter(target: Transformer, d2t: Tensor, t2d: Tensor, cfg: TrainConfig) -> Eagle3Drafter:
     drafter = random_drafter(target, draft_vocab_size=len(d2t), seed=cfg.seed)
     # fp32 master weights (bf16 autocast does the matmuls); fp64 for fp64 exactness tests
-    drafter = drafter.to(torch.float64 if target.dtype == torch.float64 else torch.float32)
+    drafter = drafter.to(torch.float64 if target.dtype == torch.float64 else torch.float32).to(target.device)
     with torch.no_grad():
         drafter.d2t.copy_(d2t)
         drafter.t2d.copy_(t2d)
@@ -192,14 +208,15 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
         raise ValueError(f"{cfg.data}: no training samples")
     tokens_mm = ds.tokens()
     _, model_dir = resolve_model_dir(cfg.model)
-    target = load_hf_dir(model_dir, parse_dtype(cfg.target_dtype), "cpu")
+    device = resolve_device(cfg.device)
+    target = load_hf_dir(model_dir, parse_dtype(cfg.target_dtype), str(device))
     aux = target.config.eagle3_aux_layer_ids
     vocab = target.config.vocab_size
 
     # with limit_samples, the vocab from the samples actually used
     counts = sample_token_counts(ds, rows, vocab, tokens_mm) if cfg.limit_samples else token_counts(ds, vocab)
     d2t, t2d, coverage = draft_vocab(counts, min(cfg.draft_vocab_size, vocab))
-    t2d_index = draft_index(t2d)
+    t2d, t2d_index = t2d.to(device), draft_index(t2d).to(device)
     drafter = build_drafter(target, d2t, t2d, cfg)
     opt, params = _optimizer(drafter, cfg)
 
@@ -220,11 +237,14 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     while state["step"] < total:
         batches = make_batches(rows, cfg, state["epoch"])
         while state["batch"] < len(batches) and state["step"] < total:
-            tokens, valid, loss_mask = collate(ds, rows, batches[state["batch"]], cfg.max_len, tokens_mm)
+            tokens, valid, loss_mask = collate(ds, rows, batches[state["batch"]], cfg.max_len, tokens_mm, device)
             tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
+            if cfg.feature_noise:
+                seed = cfg.seed * 1_000_003 + state["step"]
+                tb.hidden = add_feature_noise(tb.hidden, len(aux), cfg.feature_noise, seed)
             for g in opt.param_groups:
                 g["lr"] = lr_at(state["step"], total, cfg) * g["lr_scale"]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast):
                 outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
                 loss, losses, accs, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
             opt.zero_grad(set_to_none=True)

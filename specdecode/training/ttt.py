@@ -25,9 +25,9 @@ from specdecode.core.model import Transformer, apply_rope, rope_cos_sin
 from specdecode.training.dataset import DataSet
 
 
-def collate(ds: DataSet, rows: list[dict], idx: list[int], max_len: int,
-            tokens_mm: np.ndarray | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Samples ``idx`` of ``rows`` as (tokens, valid, loss mask) [B, T], cut at ``max_len``."""
+def collate(ds: DataSet, rows: list[dict], idx: list[int], max_len: int, tokens_mm: np.ndarray | None,
+            device: torch.device | str = "cpu") -> tuple[Tensor, Tensor, Tensor]:
+    """Samples ``idx`` of ``rows`` as (tokens, valid, loss mask) [B, T] on ``device``, cut at ``max_len``."""
     seqs = [ds.read(rows[i], tokens_mm) for i in idx]
     T = min(max(len(s[0]) for s in seqs), max_len)
     tokens = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -38,7 +38,7 @@ def collate(ds: DataSet, rows: list[dict], idx: list[int], max_len: int,
         tokens[b, :n] = torch.tensor(ids[:n])
         valid[b, :n] = True
         loss[b, :n] = torch.tensor(mask[:n])
-    return tokens, valid, loss
+    return tokens.to(device), valid.to(device), loss.to(device)
 
 
 # ---------------------------------------------------------------- target side
@@ -58,8 +58,9 @@ def target_batch(target: Transformer, tokens: Tensor, needed: Tensor, aux: tuple
     whose next token is trained on), which skips the lm_head over prompts."""
     B, T = tokens.shape
     n = target.config.num_layers
-    out = target(tokens, torch.arange(T), target.new_cache(B, T), hidden_layers=(*aux, n),
-                 logits_at=torch.zeros(0, dtype=torch.long))
+    dev = tokens.device
+    out = target(tokens, torch.arange(T, device=dev), target.new_cache(B, T), hidden_layers=(*aux, n),
+                 logits_at=torch.zeros(0, dtype=torch.long, device=dev))
     hidden = torch.cat(out.hidden_states[:-1], -1)
     where = needed.flatten().nonzero().squeeze(1)
     final = target.norm(out.hidden_states[-1].reshape(B * T, -1)[where])
@@ -69,13 +70,14 @@ def target_batch(target: Transformer, tokens: Tensor, needed: Tensor, aux: tuple
         arg = logits.argmax(-1)
         best.append(torch.where(t2d[arg], target_to_draft[arg], -1))
         probs.append(torch.softmax(logits[:, t2d], -1).to(torch.bfloat16))  # halves the memory traffic
-    row = torch.full((B * T,), -1, dtype=torch.long)
-    row[where] = torch.arange(len(where))
-    best_full = torch.full((B * T,), -1, dtype=torch.long)
+    row = torch.full((B * T,), -1, dtype=torch.long, device=dev)
+    row[where] = torch.arange(len(where), device=dev)
+    best_full = torch.full((B * T,), -1, dtype=torch.long, device=dev)
     if len(where):
         best_full[where] = torch.cat(best)
     vd = int(t2d.sum())
-    return TargetBatch(hidden, torch.cat(probs) if probs else torch.zeros(0, vd), row.view(B, T), best_full.view(B, T))
+    return TargetBatch(hidden, torch.cat(probs) if probs else torch.zeros(0, vd, device=dev), row.view(B, T),
+                       best_full.view(B, T))
 
 
 def needed_positions(valid: Tensor, loss_mask: Tensor) -> Tensor:
@@ -100,7 +102,7 @@ def ttt_forward(drafter: Eagle3Drafter, tokens: Tensor, valid: Tensor, tb: Targe
     nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
     scale = 1.0 / math.sqrt(hd)
     embed = drafter.embed_tokens
-    idx = torch.arange(T)
+    idx = torch.arange(T, device=tokens.device)
     causal = (idx[None, :] <= idx[:, None])[None, None] & valid[:, None, None, :]  # [B,1,T,T]
     hidden = drafter.fc(tb.hidden.to(drafter.fc.weight.dtype))
     keys0 = values0 = hidden  # set at step 0, before any use
@@ -157,7 +159,7 @@ def step_result(drafter: Eagle3Drafter, h: Tensor, tb: TargetBatch, valid: Tenso
     p = tb.probs[rows].float()
     cross = torch.bmm(p.unsqueeze(1), logits.unsqueeze(2)).view(-1)  # sum(p * z) without the product tensor
     loss = (torch.logsumexp(logits, -1) - cross).mean() if len(b) else logits.sum() * 0
-    correct = torch.zeros(B, T, dtype=torch.bool)
+    correct = torch.zeros(B, T, dtype=torch.bool, device=valid.device)
     correct[b, i] = logits.argmax(-1) == tb.best[b, i + 1 + j]
     return StepResult(loss, correct, len(b))
 

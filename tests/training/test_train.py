@@ -63,15 +63,17 @@ def test_train_writes_eagle3_checkpoint_that_the_engine_loads(tiny_setup):
 
 
 def test_kill_and_resume_gives_the_same_result(tiny_setup):
+    """Feature noise on: its draws are seeded per step, so a resumed run draws the same noise."""
     model_dir, data, tmp = tiny_setup
     steps = "30"
-    ref = subprocess.run(train_cmd(model_dir, data, tmp / "ref", "--max-steps", steps, "--save-every", "1"),
+    ref = subprocess.run(train_cmd(model_dir, data, tmp / "ref", "--max-steps", steps, "--save-every", "1",
+                                   "--feature-noise", "0.05"),
                          capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr
 
     out = tmp / "killed"
-    proc = subprocess.Popen(train_cmd(model_dir, data, out, "--max-steps", steps, "--save-every", "1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(train_cmd(model_dir, data, out, "--max-steps", steps, "--save-every", "1",
+                                      "--feature-noise", "0.05"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = out / "checkpoint" / "trainer_state.json"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -85,7 +87,8 @@ def test_kill_and_resume_gives_the_same_result(tiny_setup):
     proc.wait()
     killed_at = json.loads(state.read_text())["step"]
     assert 8 <= killed_at < int(steps), "the run finished before it could be killed"
-    resumed = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", steps, "--save-every", "1"),
+    resumed = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", steps, "--save-every", "1",
+                                       "--feature-noise", "0.05"),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stderr
@@ -93,6 +96,29 @@ def test_kill_and_resume_gives_the_same_result(tiny_setup):
     b = load_file(str(out / "model.safetensors"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def test_feature_noise_is_relative_to_each_tap_and_seeded():
+    from specdecode.training.trainer import add_feature_noise
+
+    gen = torch.Generator().manual_seed(1)
+    # two taps of very different scale (SmolLM2's first-token activations are ~1e4)
+    hidden = torch.cat((torch.randn(2, 50, 64, generator=gen) * 1e4, torch.randn(2, 50, 64, generator=gen)), -1)
+    noisy = add_feature_noise(hidden, 2, 0.1, seed=7)
+    for tap in (slice(0, 64), slice(64, 128)):
+        rel = (noisy[..., tap] - hidden[..., tap]).pow(2).mean().sqrt() / hidden[..., tap].pow(2).mean().sqrt()
+        assert 0.09 < float(rel) < 0.11
+    assert torch.equal(noisy, add_feature_noise(hidden, 2, 0.1, seed=7))
+    assert not torch.equal(noisy, add_feature_noise(hidden, 2, 0.1, seed=8))
+
+
+def test_train_on_an_absent_cuda_device_is_a_clear_error(tiny_setup):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    model_dir, data, tmp = tiny_setup
+    proc = subprocess.run(train_cmd(model_dir, data, tmp / "d", "--max-steps", "1", "--device", "cuda"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "torch sees no CUDA device" in proc.stderr
 
 
 def test_mismatched_checkpoint_is_a_clear_error(tiny_setup):
@@ -206,6 +232,14 @@ def test_train_report_table_and_plot(tmp_path):
     rows = collect([str(tmp_path / "r400"), str(tmp_path / "r100")])
     assert [r["samples"] for r in rows] == [100, 400]
     text = markdown(rows)
-    assert "| 100 | 5000 | 10 | 97.0% | 1.50 | 1.70 | - | - | 0.60 |" in text
+    assert "| 100 | 5000 | 10 | 97.0% | 1.50 | 1.70 | - | - | 0.60 | 1.0 |" in text
+    # runs that differ in a setting name it
+    for n, lr in ((100, 1e-3), (400, 3e-4)):
+        summary = json.loads((tmp_path / f"r{n}" / "training_summary.json").read_text())
+        (tmp_path / f"r{n}" / "training_summary.json").write_text(json.dumps(summary | {
+            "config": {"lr": lr, "ttt_steps": 3, "out": f"r{n}"}}))
+    text = markdown(collect([str(tmp_path / "r400"), str(tmp_path / "r100")]))
+    assert text.splitlines()[0].startswith("| settings | samples")
+    assert "| lr=0.0003 | 400 |" in text and "ttt_steps" not in text
     plot(rows, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
