@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from specdecode.training.features import FeatureProgress
 from specdecode.training.trainer import EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
 
 INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
@@ -32,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
     p.add_argument("--random-init", action="store_true", help="do not warm-start from the target's last layer")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--feature-cache", default=None, metavar="DIR",
+                   help="compute the target's features once into DIR (about 4.6 KB per token in bf16) and read them "
+                        "every epoch instead of running the target again (resumable; refused if made for other data)")
     p.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N | auto (default: cpu); the target and the "
                                                       "drafter both run there")
     p.set_defaults(func=run)
@@ -65,6 +69,9 @@ class TrainDisplay:
             r = ev.record
             self.progress.update(self.task, advance=1,
                                  info=f"loss {r['loss']:.3f} acc " + " ".join(f"{a:.2f}" for a in r["acc"]))
+        elif isinstance(ev, FeatureProgress):
+            if ev.done == 1 or ev.done == ev.total or ev.done % 50 == 0:
+                self.console.print(f"target features: {ev.done}/{ev.total} batches cached")
         elif isinstance(ev, EvalDone):
             self.progress.console.print(f"step {ev.step}: held-out accept length (chain of {self.cfg.ttt_steps}) "
                                         f"{ev.result.accept_length:.2f}; step acc "

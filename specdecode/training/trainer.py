@@ -36,6 +36,7 @@ from specdecode.training.dataset import (
     token_counts,
 )
 from specdecode.training.evaluate import EvalResult, evaluate
+from specdecode.training.features import FeatureProgress, build_features, cached_target_batch
 from specdecode.training.ttt import collate, needed_positions, target_batch, ttt_forward, ttt_loss
 
 
@@ -66,6 +67,7 @@ class TrainConfig:
     init_from_target: bool = True  # start the draft layer from the target's last layer
     fc_lr_scale: float = 0.1  # fc multiplies the target's massive activations (|x| ~ 1e4 on the first token)
     device: str = "cpu"  # cpu | cuda | cuda:N | auto: where the target and the drafter run
+    feature_cache: str | None = None  # a directory: the target's features computed once, read every epoch
     feature_noise: float = 0.0  # gaussian noise on each target tap, std relative to that tap's RMS per position
 
 
@@ -125,7 +127,7 @@ class EvalDone:
     result: EvalResult
 
 
-TrainEvent = TrainStarted | StepDone | EvalDone
+TrainEvent = TrainStarted | StepDone | EvalDone | FeatureProgress
 OnTrainProgress = Callable[[TrainEvent], None]
 
 
@@ -219,6 +221,11 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     t2d, t2d_index = t2d.to(device), draft_index(t2d).to(device)
     drafter = build_drafter(target, d2t, t2d, cfg)
     opt, params = _optimizer(drafter, cfg)
+    if cfg.feature_cache:
+        store = build_features(cfg.feature_cache, ds, rows, target, aux, cfg.max_len, str(model_dir),
+                               cfg.batch_tokens, on_progress=report)
+        arrays = store.arrays()
+        draft_head = target.lm_head.weight.detach()[t2d]
 
     per_epoch = len(make_batches(rows, cfg, 0))
     total = cfg.max_steps or max(1, int(cfg.epochs * per_epoch))
@@ -238,7 +245,12 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
         batches = make_batches(rows, cfg, state["epoch"])
         while state["batch"] < len(batches) and state["step"] < total:
             tokens, valid, loss_mask = collate(ds, rows, batches[state["batch"]], cfg.max_len, tokens_mm, device)
-            tb = target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d, t2d_index)
+            needed = needed_positions(valid, loss_mask)
+            if cfg.feature_cache:
+                tb = cached_target_batch(store, arrays, rows, batches[state["batch"]], needed, draft_head, t2d,
+                                         t2d_index)
+            else:
+                tb = target_batch(target, tokens, needed, aux, t2d, t2d_index)
             if cfg.feature_noise:
                 seed = cfg.seed * 1_000_003 + state["step"]
                 tb.hidden = add_feature_noise(tb.hidden, len(aux), cfg.feature_noise, seed)

@@ -70,12 +70,18 @@ def target_batch(target: Transformer, tokens: Tensor, needed: Tensor, aux: tuple
         arg = logits.argmax(-1)
         best.append(torch.where(t2d[arg], target_to_draft[arg], -1))
         probs.append(torch.softmax(logits[:, t2d], -1).to(torch.bfloat16))  # halves the memory traffic
+    return assemble_target_batch(hidden, where, probs, best, B, T, int(t2d.sum()))
+
+
+def assemble_target_batch(hidden: Tensor, where: Tensor, probs: list[Tensor], best: list[Tensor], B: int, T: int,
+                          vd: int) -> TargetBatch:
+    """A ``TargetBatch`` from the target's values at the flat positions ``where`` (in order)."""
+    dev = hidden.device
     row = torch.full((B * T,), -1, dtype=torch.long, device=dev)
     row[where] = torch.arange(len(where), device=dev)
     best_full = torch.full((B * T,), -1, dtype=torch.long, device=dev)
     if len(where):
         best_full[where] = torch.cat(best)
-    vd = int(t2d.sum())
     return TargetBatch(hidden, torch.cat(probs) if probs else torch.zeros(0, vd, device=dev), row.view(B, T),
                        best_full.view(B, T))
 

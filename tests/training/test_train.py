@@ -243,3 +243,59 @@ def test_train_report_table_and_plot(tmp_path):
     assert "| lr=0.0003 | 400 |" in text and "ttt_steps" not in text
     plot(rows, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cached_features_give_the_online_target_batch(tiny_setup):
+    from specdecode.training.features import build_features, cached_target_batch
+    from specdecode.training.ttt import collate, needed_positions, target_batch
+
+    model_dir, data, tmp = tiny_setup
+    target = load_hf_dir(model_dir, torch.float64, "cpu")
+    ds = DataSet(data)
+    rows = ds.samples("train")
+    aux = target.config.eagle3_aux_layer_ids
+    d2t, t2d, _ = draft_vocab(torch.bincount(torch.randint(0, 101, (500,), generator=torch.Generator().manual_seed(0)),
+                                             minlength=101).numpy(), 64)
+    t2d_index = torch.full((101,), -1, dtype=torch.long)
+    t2d_index[t2d] = torch.arange(64)
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_two(p):
+        if p.done == 2:
+            raise Killed
+
+    with pytest.raises(Killed):  # a build killed after two batches resumes where it stopped
+        build_features(tmp / "f", ds, rows, target, aux, 64, "tiny", batch_tokens=100, on_progress=kill_after_two)
+    store = build_features(tmp / "f", ds, rows, target, aux, 64, "tiny", batch_tokens=100)
+    fresh = build_features(tmp / "g", ds, rows, target, aux, 64, "tiny", batch_tokens=100)
+    for a, b in zip(store.arrays(), fresh.arrays(), strict=True):
+        assert (a == b).all()
+    arrays = store.arrays()
+    head = target.lm_head.weight.detach()[t2d]
+    for idx in ([0, 1, 2], [5, 17, 30, 3]):
+        tokens, valid, loss = collate(ds, rows, idx, 64, None)
+        needed = needed_positions(valid, loss)
+        online = target_batch(target, tokens, needed, aux, t2d, t2d_index)
+        cached = cached_target_batch(store, arrays, rows, idx, needed, head, t2d, t2d_index)
+        torch.testing.assert_close(cached.hidden[valid], online.hidden[valid], rtol=1e-12, atol=1e-9)
+        torch.testing.assert_close(cached.probs.float(), online.probs.float(), rtol=0, atol=1e-2)  # stored in bf16
+        assert torch.equal(cached.row, online.row) and torch.equal(cached.best, online.best)
+    with pytest.raises(ValueError, match="made for other data or another target"):
+        build_features(tmp / "f", ds, rows[:10], target, aux, 64, "tiny", batch_tokens=100)
+
+
+def test_training_from_cached_features_matches_online_training(tiny_setup):
+    model_dir, data, tmp = tiny_setup
+    args = ("--max-steps", "6", "--target-dtype", "float32", "--no-autocast")
+    online = subprocess.run(train_cmd(model_dir, data, tmp / "online", *args), capture_output=True, text=True,
+                            timeout=300)
+    cached = subprocess.run(train_cmd(model_dir, data, tmp / "cached", *args, "--feature-cache", str(tmp / "feat")),
+                            capture_output=True, text=True, timeout=300)
+    assert online.returncode == 0 and cached.returncode == 0, cached.stderr
+    assert "target features: 1/" in cached.stderr
+    a = load_file(str(tmp / "online" / "model.safetensors"))
+    b = load_file(str(tmp / "cached" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k].float(), b[k].float(), rtol=0, atol=1e-2)
