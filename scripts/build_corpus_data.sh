@@ -5,11 +5,15 @@
 # again after an interruption and it continues where the data set stops (the draw is fixed by
 # --sample and --seed; prompts already answered are skipped). Writes datasets/smollm2-135m-corpus-v3.
 # lm-sys__FastChat.jsonl is left out: those 78 prompts are Vicuna-bench's evaluation questions.
+# scripts/train_default_drafter.sh calls it with other sizes (OUT, SAMPLE, DEVICE, WEIGHTS,
+# BATCH_SIZE, MAX_NEW_TOKENS, HELDOUT_PERCENT, LIMIT) for its GPU variant and for its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 PROMPTS=${PROMPTS:-../shared/data/prompts}
 mapfile -t FILES < <(ls "$PROMPTS"/*.jsonl "$PROMPTS"/long/*.jsonl | grep -v FastChat)
-.venv/bin/specdecode data build --out datasets/smollm2-135m-corpus-v3 --dtype bfloat16 --weights q4 \
-    --threads "${THREADS:-2}" --batch-size 128 --max-new-tokens 256 --sample "${SAMPLE:-6000}" \
-    --sampled-fraction 0 --seed 0 --prompts "${FILES[@]}"
+.venv/bin/specdecode data build --out "${OUT:-datasets/smollm2-135m-corpus-v3}" --dtype bfloat16 \
+    --weights "${WEIGHTS:-q4}" --device "${DEVICE:-cpu}" --threads "${THREADS:-2}" \
+    --batch-size "${BATCH_SIZE:-128}" --max-new-tokens "${MAX_NEW_TOKENS:-256}" --sample "${SAMPLE:-6000}" \
+    --sampled-fraction 0 --seed 0 --heldout-percent "${HELDOUT_PERCENT:-5}" \
+    ${LIMIT:+--limit "$LIMIT"} --prompts "${FILES[@]}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from specdecode.cli.common import add_model_args, runtime_config
 from specdecode.training.evaluate import EvalDrafterConfig
 
 
@@ -16,19 +17,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d = EvalDrafterConfig(data="", drafter="")
     p.add_argument("--data", required=True)
     p.add_argument("--drafter", required=True)
-    p.add_argument("--model", default=None)
     p.add_argument("--depth", type=int, default=d.depth, help="chain depth (num_steps)")
     p.add_argument("--samples", type=int, default=d.samples)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--threads", type=int, default=None)
-    p.set_defaults(func=run)
+    add_model_args(p)
+    p.set_defaults(func=run, dtype="bfloat16")  # the dtype training data is generated in
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdecode.runtime.session import RuntimeConfig, start
+    from specdecode.runtime.session import start
     from specdecode.training.evaluate import eval_drafter
 
-    session = start(RuntimeConfig(model=args.model, dtype=args.dtype, device="cpu", threads=args.threads))
+    session = start(runtime_config(args))
     cfg = EvalDrafterConfig(data=args.data, drafter=args.drafter, depth=args.depth, samples=args.samples)
     print(json.dumps(eval_drafter(cfg, session)))
     return 0

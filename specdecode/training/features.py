@@ -15,12 +15,16 @@ lm_head rows of the draft vocabulary (a [H x Vd] product, cheap next to the targ
 storing it would take Vd values per position (16 KB at 8192 in bf16). About 4.6 KB per token
 in bf16: 5.5 GB for the 1.2M tokens of the v3 data set.
 
-Building is resumable: batches are written in a fixed order, flushed, and only then counted
-in ``meta.json``; a store made for other data, another target, dtype or taps is refused.
+The store covers every training sample of the data set (a run with ``--limit-samples`` reads
+its part), so runs on the same data share one store; a file lock makes a second run wait for
+the first one's build instead of writing beside it. Building is resumable: batches are written
+in a fixed order, flushed, and only then counted in ``meta.json``; a store made for other data,
+another target, dtype or taps is refused.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,9 +46,13 @@ _STORAGE = {torch.bfloat16: np.int16, torch.float16: np.float16, torch.float32: 
             torch.float64: np.float64}
 
 
+BUILD_BATCH_TOKENS = 4096  # part of the store's key: a resumed build must cut the same batches
+
+
 def _key(ds: DataSet, target: Transformer, aux: tuple[int, ...], max_len: int, model_id: str) -> dict:
     return {"data_tokens": file_fingerprint(ds.tokens_path), "model": model_id, "dtype": str(target.dtype),
-            "aux": list(aux), "hidden": target.config.hidden_size, "max_len": max_len}
+            "aux": list(aux), "hidden": target.config.hidden_size, "max_len": max_len,
+            "batch_tokens": BUILD_BATCH_TOKENS}
 
 
 @dataclass
@@ -97,12 +105,24 @@ def _batches(rows: list[dict], max_len: int, batch_tokens: int) -> list[list[int
     return batches
 
 
-@torch.no_grad()
-def build_features(root: str | Path, ds: DataSet, rows: list[dict], target: Transformer, aux: tuple[int, ...],
-                   max_len: int, model_id: str, batch_tokens: int = 4096,
-                   on_progress: Callable[[FeatureProgress], None] | None = None) -> FeatureStore:
-    """Compute (or finish) the store for ``rows``; returns it ready to read."""
+def build_features(root: str | Path, ds: DataSet, target: Transformer, aux: tuple[int, ...], max_len: int,
+                   model_id: str, on_progress: Callable[[FeatureProgress], None] | None = None) -> FeatureStore:
+    """Compute (or finish) the store for the data set's training samples; returns it ready to
+    read. Holds ``root/.lock`` while building: a concurrent caller waits, then finds it done."""
     root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build(root, ds, target, aux, max_len, model_id, on_progress)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@torch.no_grad()
+def _build(root: Path, ds: DataSet, target: Transformer, aux: tuple[int, ...], max_len: int, model_id: str,
+           on_progress: Callable[[FeatureProgress], None] | None) -> FeatureStore:
+    rows = ds.samples("train")
     key = _key(ds, target, aux, max_len, model_id)
     meta_path = root / "meta.json"
     ids = sorted(r["id"] for r in rows)
@@ -113,11 +133,10 @@ def build_features(root: str | Path, ds: DataSet, rows: list[dict], target: Tran
             raise ValueError(f"{root}: the feature cache was made for other data or another target "
                              f"({old.get('key')}); give another --feature-cache directory or delete this one")
         meta = old
-    root.mkdir(parents=True, exist_ok=True)
     n_tokens = ds.tokens_path.stat().st_size // 4
     store = FeatureStore(root, n_tokens, len(aux) * target.config.hidden_size, target.config.hidden_size,
                          target.dtype)
-    batches = _batches(rows, max_len, batch_tokens)
+    batches = _batches(rows, max_len, BUILD_BATCH_TOKENS)
     tokens_mm = ds.tokens()
     taps, final, argmax = store.arrays("r+" if meta["batches_done"] else "w+")
     n = target.config.num_layers

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from specdecode.bench.plots import pyplot
+from specdecode.training.dataset import DataSet
 
 
 def collect(run_dirs: list[str]) -> list[dict]:
@@ -21,8 +24,31 @@ def collect(run_dirs: list[str]) -> list[dict]:
             "steps": s["steps"], "coverage": s["coverage"], "minutes": s["seconds_this_run"] / 60,
             "accept_length_by_depth": {int(k): v for k, v in (ev.get("accept_length_by_depth") or {}).items()},
             "step_acc": ev.get("step_acc", []), "config": s.get("config", {}),
+            "heldout_coverage": heldout_coverage(Path(d), s.get("config", {}).get("data")),
         })
     return sorted(rows, key=lambda r: r["samples"])
+
+
+def heldout_coverage(run: Path, data: str | None) -> float | None:
+    """Share of the data set's held-out assistant tokens inside the run's draft vocabulary:
+    every other greedy token is a certain rejection. None without the drafter or the data."""
+    from safetensors import safe_open
+
+    weights = run / "model.safetensors"
+    if data is None or not weights.exists() or not (Path(data) / "index.jsonl").exists():
+        return None
+    with safe_open(str(weights), "pt") as f:
+        d2t = f.get_tensor("d2t").long()
+    vocab_ids = set((d2t + np.arange(len(d2t))).tolist())
+    ds = DataSet(data)
+    tokens = ds.tokens()
+    inside = total = 0
+    for row in ds.samples("heldout"):
+        for a, b in row["loss_ranges"]:
+            seg = tokens[row["offset"] + a: row["offset"] + b]
+            inside += int(np.isin(seg, list(vocab_ids)).sum())
+            total += len(seg)
+    return inside / total if total else None
 
 
 def differing_settings(rows: list[dict]) -> list[str]:
@@ -31,13 +57,13 @@ def differing_settings(rows: list[dict]) -> list[str]:
     return [k for k in keys if len({json.dumps(r["config"].get(k)) for r in rows}) > 1]
 
 
-def markdown(rows: list[dict], depths: tuple[int, ...] = (2, 3, 4, 5)) -> str:
+def markdown(rows: list[dict], depths: tuple[int, ...] = (1, 2, 3, 4, 5)) -> str:
     """One row per run; when the runs differ in more than their data, a "settings" column names
     what differs (draft vocab, TTT depth, learning rate...)."""
     varied = [k for k in differing_settings(rows) if k != "limit_samples"]
-    head = ("| settings " if varied else "") + "| samples | assistant tokens | steps | draft-vocab coverage | " \
-        + " | ".join(f"accept len (chain {d})" for d in depths) + " | step-1 acc | minutes |"
-    lines = [head, "|" + "---|" * (6 + len(depths) + bool(varied))]
+    head = ("| settings " if varied else "") + "| samples | assistant tokens | steps | draft-vocab coverage (train) | " \
+        + "(held-out) | " + " | ".join(f"accept len (chain {d})" for d in depths) + " | step-1 acc | minutes |"
+    lines = [head, "|" + "---|" * (7 + len(depths) + bool(varied))]
     for r in rows:
         acc = r["accept_length_by_depth"]
         step1 = f"{r['step_acc'][0]:.2f}" if r["step_acc"] else "-"
@@ -45,6 +71,7 @@ def markdown(rows: list[dict], depths: tuple[int, ...] = (2, 3, 4, 5)) -> str:
         lines.append((f"| {settings} " if varied else "")
                      + f"| {r['samples']} | {r['assistant_tokens'] or '-'} | {r['steps']} "
                      + f"| {100 * r['coverage']:.1f}% | "
+                     + (f"{100 * r['heldout_coverage']:.1f}% | " if r["heldout_coverage"] is not None else "- | ")
                      + " | ".join(f"{acc[d]:.2f}" if d in acc else "-" for d in depths)
                      + f" | {step1} | {r['minutes']:.1f} |")
     return "\n".join(lines)

@@ -222,8 +222,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     drafter = build_drafter(target, d2t, t2d, cfg)
     opt, params = _optimizer(drafter, cfg)
     if cfg.feature_cache:
-        store = build_features(cfg.feature_cache, ds, rows, target, aux, cfg.max_len, str(model_dir),
-                               cfg.batch_tokens, on_progress=report)
+        store = build_features(cfg.feature_cache, ds, target, aux, cfg.max_len, str(model_dir), on_progress=report)
         arrays = store.arrays()
         draft_head = target.lm_head.weight.detach()[t2d]
 

@@ -232,7 +232,7 @@ def test_train_report_table_and_plot(tmp_path):
     rows = collect([str(tmp_path / "r400"), str(tmp_path / "r100")])
     assert [r["samples"] for r in rows] == [100, 400]
     text = markdown(rows)
-    assert "| 100 | 5000 | 10 | 97.0% | 1.50 | 1.70 | - | - | 0.60 | 1.0 |" in text
+    assert "| 100 | 5000 | 10 | 97.0% | - | - | 1.50 | 1.70 | - | - | 0.60 | 1.0 |" in text
     # runs that differ in a setting name it
     for n, lr in ((100, 1e-3), (400, 3e-4)):
         summary = json.loads((tmp_path / f"r{n}" / "training_summary.json").read_text())
@@ -245,7 +245,7 @@ def test_train_report_table_and_plot(tmp_path):
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cached_features_give_the_online_target_batch(tiny_setup):
+def test_cached_features_give_the_online_target_batch(tiny_setup, monkeypatch):
     from specdecode.training.features import build_features, cached_target_batch
     from specdecode.training.ttt import collate, needed_positions, target_batch
 
@@ -262,14 +262,16 @@ def test_cached_features_give_the_online_target_batch(tiny_setup):
     class Killed(Exception):
         pass
 
+    monkeypatch.setattr("specdecode.training.features.BUILD_BATCH_TOKENS", 100)  # several batches
+
     def kill_after_two(p):
         if p.done == 2:
             raise Killed
 
     with pytest.raises(Killed):  # a build killed after two batches resumes where it stopped
-        build_features(tmp / "f", ds, rows, target, aux, 64, "tiny", batch_tokens=100, on_progress=kill_after_two)
-    store = build_features(tmp / "f", ds, rows, target, aux, 64, "tiny", batch_tokens=100)
-    fresh = build_features(tmp / "g", ds, rows, target, aux, 64, "tiny", batch_tokens=100)
+        build_features(tmp / "f", ds, target, aux, 64, "tiny", on_progress=kill_after_two)
+    store = build_features(tmp / "f", ds, target, aux, 64, "tiny")
+    fresh = build_features(tmp / "g", ds, target, aux, 64, "tiny")
     for a, b in zip(store.arrays(), fresh.arrays(), strict=True):
         assert (a == b).all()
     arrays = store.arrays()
@@ -283,7 +285,7 @@ def test_cached_features_give_the_online_target_batch(tiny_setup):
         torch.testing.assert_close(cached.probs.float(), online.probs.float(), rtol=0, atol=1e-2)  # stored in bf16
         assert torch.equal(cached.row, online.row) and torch.equal(cached.best, online.best)
     with pytest.raises(ValueError, match="made for other data or another target"):
-        build_features(tmp / "f", ds, rows[:10], target, aux, 64, "tiny", batch_tokens=100)
+        build_features(tmp / "f", ds, target, aux, 32, "tiny")
 
 
 def test_training_from_cached_features_matches_online_training(tiny_setup):
@@ -299,3 +301,19 @@ def test_training_from_cached_features_matches_online_training(tiny_setup):
     b = load_file(str(tmp / "cached" / "model.safetensors"))
     for k in a:
         torch.testing.assert_close(a[k].float(), b[k].float(), rtol=0, atol=1e-2)
+
+
+def test_train_report_measures_the_draft_vocab_share_of_heldout_tokens(tmp_path):
+    from safetensors.torch import save_file
+
+    from specdecode.training.report import heldout_coverage
+
+    ds = DataSet(tmp_path / "data")
+    ds.append([({"id": "a", "split": "heldout", "loss_ranges": [[1, 5]]}, [9, 1, 2, 3, 7]),
+               ({"id": "b", "split": "train", "loss_ranges": [[0, 2]]}, [8, 8])])
+    run = tmp_path / "run"
+    run.mkdir()
+    # draft vocabulary {1, 3, 8}: d2t holds target id - draft id
+    save_file({"d2t": torch.tensor([1, 2, 6])}, str(run / "model.safetensors"))
+    assert heldout_coverage(run, str(tmp_path / "data")) == 2 / 4  # held-out answer 1 2 3 7: 1 and 3 inside
+    assert heldout_coverage(run, None) is None

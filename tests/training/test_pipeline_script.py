@@ -1,0 +1,51 @@
+"""scripts/train_default_drafter.sh end to end on CPU with a tiny budget: the plumbing its
+--device cuda variant shares (data build, feature store or online target, training, held-out
+evaluation by trainer and engine), and its refusals."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "train_default_drafter.sh"
+
+
+def tiny_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    prompts = tmp_path / "prompts"
+    (prompts / "long").mkdir(parents=True)
+    topics = ["the sea", "bread", "a violin", "rain", "chess", "a bridge", "tea", "the moon"]
+    rows = [{"prompt": f"Write one sentence about {t}.", "category": "writing"} for t in topics]
+    rows += [{"prompt": f"What is {a} plus {a + 3}?", "category": "math"} for a in range(8)]
+    (prompts / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return os.environ | {
+        "PROMPTS": str(prompts), "DATA": str(tmp_path / "data"), "OUT": str(tmp_path / "drafter"),
+        "FEATURES": str(tmp_path / "features"), "SAMPLE": "16", "MAX_NEW_TOKENS": "8", "BATCH_SIZE": "8",
+        "HELDOUT_PERCENT": "30", "MAX_STEPS": "2", "EVAL_EVERY": "1000", "EVAL_SAMPLES": "4",
+        "EVAL_ENGINE_SAMPLES": "2", "THREADS": "1"} | extra
+
+
+def test_pipeline_runs_end_to_end_on_cpu_with_a_tiny_budget(tmp_path):
+    proc = subprocess.run([str(SCRIPT), "--device", "cpu"], env=tiny_env(tmp_path), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["weights"] == "q4" and manifest["samples"] == 16
+    assert json.loads((tmp_path / "features" / "meta.json").read_text())["batches_done"] >= 1
+    summary = json.loads((tmp_path / "drafter" / "training_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["config"]["draft_vocab_size"] == 8192
+    ev = json.loads((tmp_path / "drafter" / "eval-drafter.json").read_text())
+    assert ev["samples"] == 2 and ev["engine_accept_length"] >= 1.0
+
+
+def test_pipeline_refuses_unknown_options_and_an_absent_gpu(tmp_path):
+    proc = subprocess.run([str(SCRIPT), "--gpu"], env=tiny_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown option: --gpu" in proc.stderr
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    proc = subprocess.run([str(SCRIPT), "--device", "cuda"], env=tiny_env(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "torch sees no CUDA device" in proc.stderr
