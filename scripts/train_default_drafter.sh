@@ -37,7 +37,7 @@ else
     : "${DATA:=data/smollm2-corpus-gpu}" "${SAMPLE:=24000}" "${WEIGHTS:=native}" "${BATCH_SIZE:=512}"
     : "${BATCH_TOKENS:=16384}" "${FEATURES:=}"
 fi
-: "${OUT:=runs/drafter-v3-$DEVICE}" "${MAX_NEW_TOKENS:=256}" "${THREADS:=2}" "${EPOCHS:=9}"
+: "${OUT:=runs/drafter-v3-$DEVICE}" "${MAX_NEW_TOKENS:=256}" "${THREADS:=2}" "${EPOCHS:=8}"
 : "${EVAL_EVERY:=500}" "${EVAL_SAMPLES:=96}"
 
 # 1. training data: the target's greedy answers to prompts drawn per category from the shared corpus

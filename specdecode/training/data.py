@@ -213,6 +213,8 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     rng.shuffle(todo)
     if cfg.limit:
         todo = todo[:max(0, cfg.limit - len(done))]
+    if not todo and ds.exists():  # nothing to add: leave the data set, manifest included, as it is
+        return summarize(ds.index()) | {"generated_this_run": 0, "seconds_this_run": 0.0}
     write_manifest(ds, session, cfg, extra={"status": "building"})
 
     sampled = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)

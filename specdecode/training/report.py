@@ -61,8 +61,9 @@ def markdown(rows: list[dict], depths: tuple[int, ...] = (1, 2, 3, 4, 5)) -> str
     """One row per run; when the runs differ in more than their data, a "settings" column names
     what differs (draft vocab, TTT depth, learning rate...)."""
     varied = [k for k in differing_settings(rows) if k != "limit_samples"]
-    head = ("| settings " if varied else "") + "| samples | assistant tokens | steps | draft-vocab coverage (train) | " \
-        + "(held-out) | " + " | ".join(f"accept len (chain {d})" for d in depths) + " | step-1 acc | minutes |"
+    head = ("| settings " if varied else "") + "| samples | assistant tokens | steps " \
+        + "| draft-vocab coverage (train) | (held-out) | " \
+        + " | ".join(f"accept len (chain {d})" for d in depths) + " | step-1 acc | minutes |"
     lines = [head, "|" + "---|" * (7 + len(depths) + bool(varied))]
     for r in rows:
         acc = r["accept_length_by_depth"]

@@ -39,6 +39,13 @@ def test_pipeline_runs_end_to_end_on_cpu_with_a_tiny_budget(tmp_path):
     assert summary["steps"] == 2 and summary["config"]["draft_vocab_size"] == 8192
     ev = json.loads((tmp_path / "drafter" / "eval-drafter.json").read_text())
     assert ev["samples"] == 2 and ev["engine_accept_length"] >= 1.0
+    # run again: every step finds its work done; the data set, manifest included, is left as it was
+    before = (tmp_path / "data" / "manifest.json").read_bytes()
+    again = subprocess.run([str(SCRIPT), "--device", "cpu"], env=tiny_env(tmp_path), capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "data" / "manifest.json").read_bytes() == before
+    assert "resumed from" in again.stderr
 
 
 def test_pipeline_refuses_unknown_options_and_an_absent_gpu(tmp_path):
