@@ -47,13 +47,14 @@ class SpecConfig:
     """One speculative configuration. ``SpecConfig()`` is the project's one default, used by
     ``generate``, ``bench --methods eagle3``, ``check``, ``serve`` and the library alike.
 
-    The default is what ``specdecode sweep`` measured best with the shipped drafter (v2) on
-    Spec-Bench (bf16, 2 threads, steps 1-5 x topk 1-2; benchmarks/results/sweep-bf16-v2):
-    one draft step with the top 2 candidates, 3 tokens verified: 1.19x measured (cost model
-    1.20x). The best chain was 2 steps (1.14x); deeper drafts cost more than they gain.
+    The default is what ``specdecode sweep`` measured best with the shipped drafter (v3) on
+    Spec-Bench (bf16, 2 threads, steps 1-4 x topk 1-2; benchmarks/results/drafter-v3/sweep-bf16):
+    two draft steps with the top 2 candidates each, 5 tokens verified: 1.33x measured (cost
+    model 1.38x), accept length 1.90. v2's optimum (1 step, top-2, 3 tokens) gave 1.26x with
+    v3; the best chain (1 step) 1.24x; 4 steps 1.19x.
     """
 
-    num_steps: int = 1
+    num_steps: int = 2
     topk: int = 2
     # None (the default): every drafted node (chain: num_steps + 1), filled in by __post_init__.
     # Typed int because every built config holds one; the None default is the "derive it" marker.

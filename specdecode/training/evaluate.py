@@ -85,7 +85,9 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     from specdecode.io.checkpoints import load_drafter
 
     ds = DataSet(cfg.data)
-    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"][:cfg.samples]
+    # greedy samples with an answer inside max_len (an empty answer leaves the engine nothing to generate)
+    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"
+            and min(r["loss_ranges"][0][1], cfg.max_len) > r["loss_ranges"][0][0]][:cfg.samples]
     if not rows:
         raise ValueError(f"{cfg.data}: no greedy held-out samples to evaluate on")
     tokens_mm = ds.tokens()

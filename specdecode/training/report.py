@@ -39,7 +39,7 @@ def heldout_coverage(run: Path, data: str | None) -> float | None:
         return None
     with safe_open(str(weights), "pt") as f:
         d2t = f.get_tensor("d2t").long()
-    vocab_ids = set((d2t + np.arange(len(d2t))).tolist())
+    vocab_ids = set((d2t.numpy() + np.arange(len(d2t))).tolist())
     ds = DataSet(data)
     tokens = ds.tokens()
     inside = total = 0

@@ -16,7 +16,7 @@ SCRIPT = ROOT / "scripts" / "train_default_drafter.sh"
 
 def tiny_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     prompts = tmp_path / "prompts"
-    (prompts / "long").mkdir(parents=True)
+    (prompts / "long").mkdir(parents=True, exist_ok=True)
     topics = ["the sea", "bread", "a violin", "rain", "chess", "a bridge", "tea", "the moon"]
     rows = [{"prompt": f"Write one sentence about {t}.", "category": "writing"} for t in topics]
     rows += [{"prompt": f"What is {a} plus {a + 3}?", "category": "math"} for a in range(8)]
