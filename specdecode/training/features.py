@@ -184,7 +184,5 @@ def cached_target_batch(store: FeatureStore, arrays: tuple[np.ndarray, np.ndarra
     pos = np.asarray(spans, dtype=np.int64)[b_of] + t_of
     fin = store.to_tensor(final[pos]).to(dev)
     arg = torch.from_numpy(argmax[pos].astype(np.int64)).to(dev)
-    logits = F.linear(fin, draft_head).float()
-    best = torch.where(t2d[arg], target_to_draft[arg], -1)
-    probs = torch.softmax(logits, -1).to(torch.bfloat16)
-    return assemble_target_batch(hidden.to(dev), where, [probs], [best], B, T, int(t2d.sum()))
+    return assemble_target_batch(hidden.to(dev), where, [F.linear(fin, draft_head)], [arg], t2d, target_to_draft,
+                                 B, T)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from specdecode.bench.plots import pyplot
-from specdecode.training.dataset import DataSet
+from specdecode.training.dataset import DataSet, token_counts
 
 
 def collect(run_dirs: list[str]) -> list[dict]:
@@ -38,17 +38,11 @@ def heldout_coverage(run: Path, data: str | None) -> float | None:
     if data is None or not weights.exists() or not (Path(data) / "index.jsonl").exists():
         return None
     with safe_open(str(weights), "pt") as f:
-        d2t = f.get_tensor("d2t").long()
-    vocab_ids = set((d2t.numpy() + np.arange(len(d2t))).tolist())
+        ids = f.get_tensor("d2t").long().numpy() + np.arange(f.get_slice("d2t").get_shape()[0])
     ds = DataSet(data)
-    tokens = ds.tokens()
-    inside = total = 0
-    for row in ds.samples("heldout"):
-        for a, b in row["loss_ranges"]:
-            seg = tokens[row["offset"] + a: row["offset"] + b]
-            inside += int(np.isin(seg, list(vocab_ids)).sum())
-            total += len(seg)
-    return inside / total if total else None
+    counts = token_counts(ds, int(ds.tokens().max()) + 1, split="heldout")
+    total = int(counts.sum())
+    return float(counts[ids[ids < len(counts)]].sum()) / total if total else None
 
 
 def differing_settings(rows: list[dict]) -> list[str]:

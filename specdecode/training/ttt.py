@@ -64,19 +64,23 @@ def target_batch(target: Transformer, tokens: Tensor, needed: Tensor, aux: tuple
     hidden = torch.cat(out.hidden_states[:-1], -1)
     where = needed.flatten().nonzero().squeeze(1)
     final = target.norm(out.hidden_states[-1].reshape(B * T, -1)[where])
-    probs, best = [], []
+    draft_logits, argmax = [], []
     for s in range(0, len(where), chunk):
         logits = target.lm_head(final[s:s + chunk]).float()
-        arg = logits.argmax(-1)
-        best.append(torch.where(t2d[arg], target_to_draft[arg], -1))
-        probs.append(torch.softmax(logits[:, t2d], -1).to(torch.bfloat16))  # halves the memory traffic
-    return assemble_target_batch(hidden, where, probs, best, B, T, int(t2d.sum()))
+        argmax.append(logits.argmax(-1))
+        draft_logits.append(logits[:, t2d])
+    return assemble_target_batch(hidden, where, draft_logits, argmax, t2d, target_to_draft, B, T)
 
 
-def assemble_target_batch(hidden: Tensor, where: Tensor, probs: list[Tensor], best: list[Tensor], B: int, T: int,
-                          vd: int) -> TargetBatch:
-    """A ``TargetBatch`` from the target's values at the flat positions ``where`` (in order)."""
+def assemble_target_batch(hidden: Tensor, where: Tensor, draft_logits: list[Tensor], argmax: list[Tensor],
+                          t2d: Tensor, target_to_draft: Tensor, B: int, T: int) -> TargetBatch:
+    """A ``TargetBatch`` from the target at the flat positions ``where`` (in order): its logits over
+    the draft vocabulary and its greedy target ids there, chunk by chunk."""
     dev = hidden.device
+    # probabilities kept in bf16: halves the memory traffic
+    probs = [torch.softmax(z.float(), -1).to(torch.bfloat16) for z in draft_logits]
+    best = [torch.where(t2d[a], target_to_draft[a], -1) for a in argmax]
+    vd = int(t2d.sum())
     row = torch.full((B * T,), -1, dtype=torch.long, device=dev)
     row[where] = torch.arange(len(where), device=dev)
     best_full = torch.full((B * T,), -1, dtype=torch.long, device=dev)
