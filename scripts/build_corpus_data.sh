@@ -7,6 +7,8 @@
 # lm-sys__FastChat.jsonl is left out: those 78 prompts are Vicuna-bench's evaluation questions.
 # scripts/train_default_drafter.sh calls it with other sizes (OUT, SAMPLE, DEVICE, WEIGHTS,
 # BATCH_SIZE, MAX_NEW_TOKENS, HELDOUT_PERCENT, LIMIT) for its GPU variant and for its tests.
+# Drafter v4's data (issue 25): OUT=datasets/smollm2-135m-corpus-v4 SAMPLE=16000 CATEGORY_WEIGHTS=... (see
+# datasets/README.md; the directory starts as a copy of v3, whose answers are kept and never regenerated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -16,4 +18,4 @@ mapfile -t FILES < <(ls "$PROMPTS"/*.jsonl "$PROMPTS"/long/*.jsonl | grep -v Fas
     --weights "${WEIGHTS:-q4}" --device "${DEVICE:-cpu}" --threads "${THREADS:-2}" \
     --batch-size "${BATCH_SIZE:-128}" --max-new-tokens "${MAX_NEW_TOKENS:-256}" --sample "${SAMPLE:-6000}" \
     --sampled-fraction 0 --seed 0 --heldout-percent "${HELDOUT_PERCENT:-5}" \
-    ${LIMIT:+--limit "$LIMIT"} --prompts "${FILES[@]}"
+    ${LIMIT:+--limit "$LIMIT"} ${CATEGORY_WEIGHTS:+--category-weights "$CATEGORY_WEIGHTS"} --prompts "${FILES[@]}"

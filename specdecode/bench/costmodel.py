@@ -5,7 +5,8 @@ from measurements of the same run.
 Per-position acceptance (from the deepest configuration of each branching factor) gives
 the expected accept length of each depth, and the measured per-cycle costs (draft ms per
 step, verify ms as a function of tokens verified, re-extend and overhead) give the cycle
-time. (How close it came at the measured optimum: ``SpecConfig``'s docstring.)
+time. The formula is ``core.costmodel``'s, the one ``--spec-config auto`` chooses by. (How close
+it came at the measured optimum: ``SpecConfig``'s docstring.)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import statistics
 
 from specdecode.bench.harness import summarize
 from specdecode.bench.methods import method_spec_config
+from specdecode.core.costmodel import expected_accept_length, predicted_speedup
 
 PHASES = ("draft", "verify", "extend", "other")
 
@@ -73,7 +75,7 @@ def predict(configs: list[dict], verify_ms: dict[int, float], base_ms: float) ->
         fixed_ms = statistics.median(c["phases_ms"]["extend"] + c["phases_ms"]["other"] for c in group)
         for c in group:
             d = c["num_steps"]
-            expected_len = 1 + sum(deepest["per_position_accept"][:d])
+            expected_len = expected_accept_length(deepest["per_position_accept"], d)
             cycle = draft_step_ms * (d - 1) + verify_ms[c["tokens_verified"]] + fixed_ms
             c["predicted_accept_length"] = expected_len
-            c["predicted_speedup"] = expected_len * base_ms / cycle
+            c["predicted_speedup"] = predicted_speedup(expected_len, cycle, base_ms)

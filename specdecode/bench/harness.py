@@ -224,7 +224,9 @@ def measure(bench: LocalBench, reference: tuple[str, list[dict]] | None = None,
     meta = {"model": str(bench.session.loaded.source), "max_new_tokens": c.max_new_tokens, "runs": c.runs,
             "by_category": by_category,
             "spec_configs": {m.name: asdict(cfg) for m in bench.methods
-                             if (cfg := getattr(m, "spec_config", None)) is not None}}
+                             if (cfg := getattr(m, "spec_config", None)) is not None},
+            "spec_choices": {m.name: choice.to_dict() for m in bench.methods
+                             if (choice := getattr(m, "spec_choice", None)) is not None}}
     if c.op_profile:
         base = next((m for m in bench.methods if isinstance(m, BaselineMethod)), None) or BaselineMethod(
             "baseline", bench.session.loaded)

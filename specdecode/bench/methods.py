@@ -2,7 +2,9 @@
 the methods themselves. A method string is ``baseline``, ``hf``, ``llamacpp`` (llama.cpp on the
 same GGUF), ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
 ``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids);
-``eagle3`` with no parameters is ``SpecConfig()``. EAGLE-3 methods get their decoder from the one factory,
+``eagle3`` with no parameters is the shape ``generate`` decodes with (``--spec-config auto``: chosen
+by ``runtime.autospec``; the parameters given are kept, ``spec=static`` takes ``SpecConfig()`` under
+them). EAGLE-3 methods get their decoder from the one factory,
 ``runtime.decoders.build_decoder``."""
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from typing import Any, Protocol
 
 import torch
 
+from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
+from specdecode.runtime.autospec import SPEC_MODES, SpecChoice
 from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.device import synchronize
 from specdecode.runtime.session import Session
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
+EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt")
 
 
 @dataclass
@@ -51,15 +56,20 @@ class BaselineMethod:
     (or, given a decoder, any engine decoder: EAGLE-3 configurations)."""
 
     def __init__(self, name: str, loaded: LoadedModel, decoder: TokenDecoder | None = None,
-                 spec_config: SpecConfig | None = None) -> None:
+                 spec_config: SpecConfig | None = None, spec_choice: SpecChoice | None = None) -> None:
         self.name = name
         self.spec_config = spec_config  # what an EAGLE-3 method measures (recorded with the run)
+        self.spec_choice = spec_choice  # how that shape was chosen (runtime.autospec; recorded with the run)
+        self.decoder = decoder
         self.engine = Engine(loaded.model, loaded.tokenizer, decoder) if decoder else Engine(
             loaded.model, loaded.tokenizer)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
-        return RunOutput(r.token_ids, r.elapsed_s, r.ttft_s, r.stats)
+        stats = dict(r.stats)
+        for policy in getattr(self.decoder, "policies", ()):  # an adaptive shape: when it changed, to what
+            stats["shape_changes"] = [list(c) for c in getattr(policy, "changes", ())]
+        return RunOutput(r.token_ids, r.elapsed_s, r.ttft_s, stats)
 
 
 class HFMethod:
@@ -202,26 +212,41 @@ def eagle3_method(steps: int, topk: int, draft_tokens: int | None = None) -> str
     return f"eagle3:steps={steps},topk={topk}" + ("" if draft_tokens is None else f",draft_tokens={draft_tokens}")
 
 
-def method_spec_config(spec: str) -> SpecConfig:
-    """The ``SpecConfig`` an ``eagle3[:...]`` method string names (``eagle3`` alone: ``SpecConfig()``)."""
+def method_spec_request(spec: str) -> SpecConfig | AutoSpec:
+    """What an ``eagle3[:...]`` method string asks for: the shape chosen by measurement around the
+    parameters given (``eagle3`` alone: what ``generate`` runs), or with ``spec=static`` the
+    parameters over ``SpecConfig()``."""
     name, params = parse_method(spec)
     if name != "eagle3":
         raise ValueError(f"method {spec!r} is not an eagle3 configuration")
-    unknown = set(params) - set(EAGLE3_KEYS) - {"drafter"}
+    unknown = set(params) - set(EAGLE3_KEYS) - set(EAGLE3_OTHER_KEYS)
     if unknown:
         raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; "
-                         f"use {', '.join(EAGLE3_KEYS)}, drafter")
+                         f"use {', '.join([*EAGLE3_KEYS, *EAGLE3_OTHER_KEYS])}")
+    if params.get("spec", "auto") not in SPEC_MODES:
+        raise ValueError(f"method {spec!r}: spec must be one of {', '.join(SPEC_MODES)}")
     try:
         kwargs = {EAGLE3_KEYS[k]: int(v) for k, v in params.items() if k in EAGLE3_KEYS}
     except ValueError:
         raise ValueError(f"method {spec!r}: steps, topk and draft_tokens must be integers") from None
-    return SpecConfig(**kwargs)
+    auto = AutoSpec(**kwargs)
+    return auto.static() if params.get("spec") == "static" else auto
+
+
+def method_spec_config(spec: str) -> SpecConfig:
+    """The ``SpecConfig`` of an ``eagle3`` method string that names its shape (steps and topk, as
+    ``sweep`` writes them); an incomplete one reads as ``SpecConfig()`` under its parameters."""
+    request = method_spec_request(spec)
+    return request if isinstance(request, SpecConfig) else request.static()
 
 
 def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSpec:
     """The ``DecoderSpec`` of an ``eagle3[:...]`` method; ``drafter=`` in the string wins over ``drafter_path``."""
-    config = method_spec_config(spec)
-    return DecoderSpec(drafter=parse_method(spec)[1].get("drafter") or drafter_path, config=config)
+    params = parse_method(spec)[1]
+    if params.get("adapt", "0") not in ("0", "1"):
+        raise ValueError(f"method {spec!r}: adapt must be 0 or 1")
+    return DecoderSpec(drafter=params.get("drafter") or drafter_path, config=method_spec_request(spec),
+                       adapt=params.get("adapt") == "1")
 
 
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
@@ -241,7 +266,7 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
         if not decoder.is_speculative:
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
-        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config)
+        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice)
     if name == "served":
         if "url" not in params or set(params) - {"url", "model"}:
             raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")

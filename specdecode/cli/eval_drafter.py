@@ -19,8 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--depth", type=int, default=d.depth, help="chain depth (num_steps)")
     p.add_argument("--samples", type=int, default=d.samples)
+    p.add_argument("--acceptance-table", action="store_true",
+                   help="instead: measure per-position acceptance of the deepest candidate shape of each top-k "
+                        "with the engine and write acceptance.json into the drafter directory (or --out), what "
+                        "--spec-config auto reads")
+    p.add_argument("--out", default=None, help="with --acceptance-table: directory for acceptance.json")
     add_model_args(p)
-    p.set_defaults(func=run, dtype="bfloat16")  # the dtype training data is generated in
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +33,15 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.training.evaluate import eval_drafter
 
     session = start(runtime_config(args))
+    if args.acceptance_table:
+        import sys
+
+        from specdecode.training.evaluate import AcceptanceTableConfig, acceptance_table
+
+        table = AcceptanceTableConfig(data=args.data, drafter=args.drafter, samples=args.samples, out=args.out)
+        print(json.dumps(acceptance_table(table, session, on_shape=lambda s: print(f"measuring {s}",
+                                                                                    file=sys.stderr))))
+        return 0
     cfg = EvalDrafterConfig(data=args.data, drafter=args.drafter, depth=args.depth, samples=args.samples)
     print(json.dumps(eval_drafter(cfg, session)))
     return 0

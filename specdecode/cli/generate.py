@@ -55,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
         prompt_ids = tok.encode_chat(messages)
     options = GenerateOptions(max_new_tokens=args.max_new_tokens, sampling=sampling_params(args),
                               stop=tuple(args.stop))
-    decoder = build_decoder(spec, session)
+    if not args.json:
+        err.print(f"format: {session.config.dtype}, {session.config.weights} weights ({session.format_reason})",
+                  markup=False, highlight=False)
+    decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
+    if decoder.choice is not None and not args.json:
+        err.print(decoder.choice.summary(), markup=False, highlight=False)
     engine = Engine(session.loaded.model, tok, decoder.decode, comm=session.comm)
 
     if args.json:
@@ -85,10 +90,12 @@ def run(args: argparse.Namespace) -> int:
         print(result.text)
 
     record = result.to_dict() | {
-        "method": decoder.description, "model": str(session.loaded.source), "dtype": args.dtype,
-        "weights": args.weights, "kernels": session.kernels.summary(), "device": str(session.device),
+        "method": decoder.description, "model": str(session.loaded.source), "dtype": session.config.dtype,
+        "weights": session.config.weights, "format_reason": session.format_reason,
+        "kernels": session.kernels.summary(), "device": str(session.device),
         "threads": session.threads, "load_s": load_s,
-        "spec_config": asdict(decoder.config) if decoder.config else None}
+        "spec_config": asdict(decoder.config) if decoder.config else None,
+        "spec_choice": decoder.choice.to_dict() if decoder.choice else None}
     if args.launch_profile:
         from specdecode.bench.profiles import load_profile
 
@@ -104,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"[bold]{result.num_tokens} tokens[/] in {result.elapsed_s:.2f} s: "
                   f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
                   f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
-                  f"{args.dtype}{'' if args.weights == 'native' else ', ' + args.weights + ' weights'}, "
+                  f"{session.config.dtype}"
+                  f"{'' if session.config.weights == 'native' else ', ' + session.config.weights + ' weights'}, "
                   f"{session.device}, {session.threads} threads, model loaded in {load_s:.1f} s)")
         if "allreduce_share" in result.stats:
             err.print(f"tensor parallel: all-reduce {result.stats['allreduce_ms_per_token']:.2f} ms/token "

@@ -20,7 +20,8 @@ def launch_spec(args: argparse.Namespace) -> SpecConfig:
     """SpecConfig() for SGLang; for vLLM the same with topk 1 (the only shape it drafts)."""
     if args.topk is None and args.engine == "vllm":
         args = argparse.Namespace(**vars(args) | {"topk": VLLM_TOPK})
-    return spec_config(args)
+    spec = spec_config(args)
+    return spec if isinstance(spec, SpecConfig) else spec.static()  # nothing to measure the engine's machine with
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -15,7 +15,7 @@ The tree follows EAGLE-2 with SGLang's parameters: ``num_steps`` (depth), ``topk
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -44,14 +44,15 @@ def default_draft_tokens(num_steps: int, topk: int) -> int:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """One speculative configuration. ``SpecConfig()`` is the project's one default, used by
-    ``generate``, ``bench --methods eagle3``, ``check``, ``serve`` and the library alike.
+    """One speculative configuration (a shape). ``SpecConfig()`` is the static default: what
+    ``--spec-config static`` decodes with, and what ``--spec-config auto`` (the default everywhere,
+    ``runtime.autospec``) falls back to for a drafter without an acceptance table.
 
-    The default is what ``specdecode sweep`` measured best with the shipped drafter (v3) on
-    Spec-Bench (bf16, 2 threads, steps 1-4 x topk 1-2; benchmarks/results/drafter-v3/sweep-bf16):
+    It is what ``specdecode sweep`` measured best with the shipped drafter (v3) on Spec-Bench
+    (bf16 native weights, 2 threads, steps 1-4 x topk 1-2; benchmarks/results/drafter-v3/sweep-bf16):
     two draft steps with the top 2 candidates each, 5 tokens verified: 1.33x measured (cost
-    model 1.38x), accept length 1.90. v2's optimum (1 step, top-2, 3 tokens) gave 1.26x with
-    v3; the best chain (1 step) 1.24x; 4 steps 1.19x.
+    model 1.38x), accept length 1.90. At q4 weights one draft step was faster (1.16x against
+    1.01x): the best shape depends on the format's verify cost, hence ``auto``.
     """
 
     num_steps: int = 2
@@ -101,6 +102,16 @@ class Drafter(Protocol):
 
     def __call__(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
                  attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+
+class ShapePolicy(Protocol):
+    """Chooses each cycle's shape from the cycles run so far (``core.costmodel.AdaptiveShape``):
+    one per request. ``shapes`` are all it may choose (the caches are sized for the largest)."""
+
+    @property
+    def shapes(self) -> Sequence[SpecConfig]: ...
+
+    def record(self, shape: SpecConfig, accepted: int) -> SpecConfig: ...
 
 
 @dataclass
@@ -280,12 +291,15 @@ def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
 @torch.inference_mode()
 def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
                   sampling: SamplingParams, generator: torch.Generator | None, config: SpecConfig,
-                  sync: bool = True, comm: TimeMeter | None = None) -> Generator[DecodeStep, None, None]:
+                  sync: bool = True, comm: TimeMeter | None = None,
+                  policy: ShapePolicy | None = None) -> Generator[DecodeStep, None, None]:
+    """The speculative loop; ``policy`` (optional) re-chooses the shape after every cycle."""
     device, aux = target.device, drafter.config.aux_layer_ids
     n = len(prompt_ids)
-    size = check_context(target, n, max_new_tokens, margin=config.num_draft_tokens)
+    shapes = [config, *(policy.shapes if policy else ())]
+    size = check_context(target, n, max_new_tokens, margin=max(s.num_draft_tokens for s in shapes))
     tcache = target.new_cache(1, size)
-    dcache = drafter.new_cache(size + config.num_steps * config.topk)
+    dcache = drafter.new_cache(size + max(s.num_steps * s.topk for s in shapes))
     clock = PhaseClock(device, sync, comm)
 
     clock.start()
@@ -313,23 +327,31 @@ def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[in
         clock.mark("extend")
         root, produced = new_tokens[-1], produced + len(new_tokens)
         yield DecodeStep(new_tokens, CycleRecord(tree.size - 1, len(acc.path) - 1, clock.finish()))
+        if policy is not None:
+            config = policy.record(config, len(acc.path) - 1)
 
 
 class Eagle3Decoder:
     """An ``Engine`` decoder: EAGLE-3 with a given drafter and tree configuration."""
 
     def __init__(self, drafter: Drafter, config: SpecConfig = SpecConfig(), sync: bool = True,
-                 comm: TimeMeter | None = None) -> None:
+                 comm: TimeMeter | None = None, adapt: Callable[[], ShapePolicy] | None = None) -> None:
         self.drafter = drafter
-        self.config = config
+        self.config = config  # the first cycle's shape (every cycle's without ``adapt``)
         self.sync = sync
         self.comm = comm  # tensor parallelism: all-reduce time becomes its own phase
+        self.adapt = adapt  # a new shape policy per request (``core.costmodel.AdaptiveShape``)
+        self.policies: list[ShapePolicy] = []  # the last request's policy (what it chose), for reports
 
     @property
     def max_depth(self) -> int:
-        return self.config.max_depth
+        if self.adapt is None:
+            return self.config.max_depth
+        return max([self.config.max_depth, *(s.max_depth for s in self.adapt().shapes)])
 
     def __call__(self, target: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
                  sampling: SamplingParams, generator: torch.Generator | None) -> Generator[DecodeStep, None, None]:
+        policy = self.adapt() if self.adapt else None
+        self.policies = [policy] if policy else []
         return eagle3_decode(target, self.drafter, prompt_ids, max_new_tokens, sampling, generator,
-                             self.config, self.sync, self.comm)
+                             self.config, self.sync, self.comm, policy)

@@ -289,3 +289,38 @@ def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | Non
     drafter = Eagle3Drafter(config, target.embed_tokens)
     drafter.load_state_dict(fused, strict=True)
     return drafter.to(device=device or target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)
+
+
+# ---------------------------------------------------------------- acceptance table
+
+ACCEPTANCE_FILE = "acceptance.json"  # beside a drafter's config.json: what --spec-config auto reads
+ACCEPTANCE_FORMAT = "specdecode-acceptance-v1"
+
+
+def read_acceptance(drafter_dir: str | Path) -> dict[str, Any] | None:
+    """A drafter's acceptance table (``eval-drafter --acceptance-table``), or None if it has none.
+    ``per_position_accept`` maps top-k to the share of cycles reaching each draft position."""
+    path = Path(drafter_dir) / ACCEPTANCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != ACCEPTANCE_FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {ACCEPTANCE_FORMAT!r}")
+        table = {int(k): [float(x) for x in v] for k, v in data["per_position_accept"].items()}
+        if any(not all(0.0 <= x <= 1.0 for x in v) for v in table.values()):
+            raise ValueError("per-position acceptance outside [0, 1]")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DrafterMismatchError(f"{path}: not a usable acceptance table ({e}); rebuild it with "
+                                   f"`specdecode eval-drafter --acceptance-table` or delete it") from None
+    return data | {"per_position_accept": table}
+
+
+def write_acceptance(drafter_dir: str | Path, per_position: dict[int, list[float]], measured: dict[str, Any]) -> Path:
+    path = Path(drafter_dir) / ACCEPTANCE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"format": ACCEPTANCE_FORMAT,
+            "per_position_accept": {str(k): [round(x, 4) for x in v] for k, v in sorted(per_position.items())},
+            "measured": measured}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    return path

@@ -142,6 +142,15 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
 _Q4_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 
 
+def q4_layer_count(gguf_path: Path) -> int:
+    """How many of a GGUF's layer tensors (``blk.*``) are Q4_0/Q4_1 blocks (what ``--weights q4``
+    runs); read from the header and tensor table (memory-mapped, no data copied)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    return sum(t.name.startswith("blk.") and t.tensor_type.name in _Q4_BLOCK_BYTES for t in reader.tensors)
+
+
 def q4_blocks(raw: Any, kind: str, rows: int, cols: int) -> tuple[Tensor, Tensor, Tensor]:
     """A Q4_0/Q4_1 tensor's raw bytes [rows, cols / 32 * block bytes] -> (q [rows, cols] in 0..15,
     scales, zeros [rows, cols / 32] float32) with w = (q - 8) * scale + zero."""

@@ -4,14 +4,17 @@ same thing wherever it is named."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter, random_drafter
 from specdecode.core.engine import TokenDecoder, baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import Convention, load_drafter
 from specdecode.io.paths import default_drafter_path
+from specdecode.runtime.autospec import SpecChoice, choose_spec
 from specdecode.runtime.kernels import install_kernels
 from specdecode.runtime.session import Session
 
@@ -22,13 +25,15 @@ RANDOM_DRAFT_VOCAB = 8192  # a realistic reduced draft vocabulary for the random
 @dataclass(frozen=True)
 class DecoderSpec:
     """What to decode with. ``DecoderSpec()`` = speculative with the shipped drafter (for the
-    default model) and the default ``SpecConfig``; ``speculative=False`` is the baseline."""
+    default model) and the shape chosen by measurement (``AutoSpec()``, ``runtime.autospec``); a
+    ``SpecConfig`` is decoded as given; ``speculative=False`` is the baseline."""
 
     speculative: bool = True
     drafter: str | None = None  # a drafter directory, "random", or None: the shipped one for the default model
-    config: SpecConfig = field(default_factory=SpecConfig)
+    config: SpecConfig | AutoSpec = field(default_factory=AutoSpec)
     aux_layer_convention: Convention | None = None
     sync: bool = True  # CUDA: synchronize at phase boundaries (honest phase times)
+    adapt: bool = False  # re-choose the shape while decoding from the request's own acceptance (auto only)
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Decoder:
     description: str  # "baseline" or "eagle3 (drafter PATH, steps=..., topk=..., draft_tokens=...)"
     drafter_path: str | None = None
     config: SpecConfig | None = None  # None for the baseline
+    choice: SpecChoice | None = None  # how the shape was chosen (None for the baseline)
 
     @property
     def is_speculative(self) -> bool:
@@ -53,9 +59,11 @@ def resolve_drafter_path(spec: DecoderSpec, session: Session) -> str | None:
     return str(shipped) if shipped else None
 
 
-def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle3Drafter] | None = None) -> Decoder:
+def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle3Drafter] | None = None,
+                  log: Callable[[str], None] | None = None) -> Decoder:
     """The decoder for ``spec``; the baseline when speculation is off or no drafter applies.
-    ``drafters`` caches loaded drafters by path (several configurations share one)."""
+    ``drafters`` caches loaded drafters by path (several configurations share one); ``log``
+    hears when the shape's costs are being measured."""
     path = resolve_drafter_path(spec, session)
     if path is None:
         return Decoder(baseline_decode, "baseline")
@@ -68,6 +76,11 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
             drafters[path] = load_drafter(Path(path), model, convention=spec.aux_layer_convention)
         # the drafter's layers get kernels measured on their own shapes, as the target's did
         install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
-    c = spec.config
+    choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log)
+    c = choice.config
     desc = f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens})"
-    return Decoder(Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm), desc, path, c)
+    adapt = choice.adaptive() if spec.adapt else None
+    if adapt is not None:
+        desc = desc[:-1] + ", adaptive)"
+    return Decoder(Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt), desc, path, c,
+                   choice)

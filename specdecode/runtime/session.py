@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
@@ -16,6 +16,7 @@ from specdecode.core.kernels import KernelPlan
 from specdecode.core.quant import check_weight_format, quantize_weights
 from specdecode.io.gguf import apply_gguf_q4
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
+from specdecode.runtime.autoformat import AUTO, resolve_format
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
@@ -26,13 +27,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """Where and how the target runs. ``model=None`` is the default SmolLM2-135M-Instruct GGUF."""
+    """Where and how the target runs. ``model=None`` is the default SmolLM2-135M-Instruct GGUF;
+    ``dtype`` and ``weights`` ``auto`` are chosen by ``runtime.autoformat`` (the session's config
+    holds the resolved values, ``Session.format_reason`` why)."""
 
     model: str | None = None
-    dtype: str = "float32"
+    dtype: str = AUTO  # float32 | bfloat16 | auto
     device: str = "cpu"
     threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
-    weights: str = "native"  # core.quant.WEIGHT_FORMATS: native (the dtype) or int8 (weight-only, per channel)
+    weights: str = AUTO  # core.quant.WEIGHT_FORMATS (native, int8, q4) or auto
     kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
 
     @property
@@ -51,6 +54,7 @@ class Session:
     world_size: int = 1
     comm: CommMeter | None = None  # this rank's all-reduce meter under tensor parallelism
     kernels: KernelPlan = field(default_factory=KernelPlan)  # the linear kernels installed (runtime.kernels)
+    format_reason: str = "as asked"  # why this dtype and weight format (runtime.autoformat)
 
     @property
     def dtype_name(self) -> str:
@@ -86,13 +90,18 @@ def start(config: RuntimeConfig) -> Session:
     its weights in the asked format and install its linear kernels (measured once per machine)."""
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
-    dtype = parse_dtype(config.dtype)
-    check_weight_format(config.weights)  # before the model loads
+    if config.weights != AUTO:
+        check_weight_format(config.weights)  # before the model loads
+    if config.dtype != AUTO:
+        parse_dtype(config.dtype)
     check_kernel_mode(config.kernels)
     rank, size = world()
-    if size > 1 and config.weights != "native":
+    if size > 1 and config.weights not in ("native", AUTO):
         raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")
     source, _ = resolve_model_dir(config.model)
+    chosen = resolve_format(config.dtype, config.weights, source, device, size)
+    config = replace(config, dtype=chosen.dtype, weights=chosen.weights)
+    dtype = parse_dtype(config.dtype)
     if config.weights == "q4" and source.suffix.lower() != ".gguf":
         raise ValueError(f"--weights q4 runs a GGUF file's own 4-bit blocks; {source} is not a GGUF file "
                          "(use --weights int8)")
@@ -102,4 +111,4 @@ def start(config: RuntimeConfig) -> Session:
         raise ValueError(f"--weights q4: {loaded.source} has no Q4_0/Q4_1 layer tensors (use --weights int8)")
     quantize_weights(loaded.model, config.weights)
     plan = install_kernels(loaded.model, config.kernels, threads, device)
-    return Session(config, loaded, device, dtype, threads, rank, size, comm, plan)
+    return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason)

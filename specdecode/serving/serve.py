@@ -50,6 +50,9 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
     app = create_app(loaded, decoder.decode, name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                      max_queued=config.max_queued, log_interval_s=config.log_interval, engine=mirrored,
                      batch=config.batch)
+    log.info("format: %s, %s weights (%s)", session.config.dtype, session.config.weights, session.format_reason)
+    if decoder.choice is not None:
+        log.info("%s", decoder.choice.summary())
     log.info("serving %s as '%s' with %s, %s, %d threads%s", loaded.source, name, decoder.description,
              session.config.dtype, session.threads,
              f", tensor parallel over {ranks} ranks, one request at a time" if ranks > 1 else "")

@@ -38,6 +38,7 @@ class DataBuildConfig:
     prompts: tuple[str, ...]
     bootstrap: int = 0  # new instructions to bootstrap with the target
     sample: int | None = None  # draw this many prompts, an equal share per category (sample_by_category)
+    category_weights: tuple[tuple[str, float], ...] = ()  # share per category relative to 1.0 (sample_by_category)
     limit: int | None = None  # stop at this many samples in total
     max_new_tokens: int = 256
     max_prompt_tokens: int = 768
@@ -104,22 +105,38 @@ def read_prompt_file(path: Path) -> list[PromptRecord]:
     return records
 
 
-def sample_by_category(records: list[PromptRecord], count: int, seed: int) -> list[PromptRecord]:
+def sample_by_category(records: list[PromptRecord], count: int, seed: int,
+                       weights: dict[str, float] | None = None) -> list[PromptRecord]:
     """``count`` records with an equal share per category (records without one form their own
-    group); a category with fewer records than its share gives the rest to the others. The
+    group), or a share proportional to ``weights[category]`` (1.0 where not named; 0 leaves a
+    category out); a category with fewer records than its share gives the rest to the others. The
     corpus is uneven (math and translation have thousands, writing and roleplay hundreds), so
-    taking the union would train mostly on the largest categories. Deterministic for a seed."""
+    taking the union would train mostly on the largest categories. Deterministic for a seed, and
+    nested: a larger ``count`` (same seed, same weights) keeps every record a smaller one drew,
+    since each category is shuffled once and cut at its quota."""
+    weights = weights or {}
+    unknown = sorted(set(weights) - {r.category for r in records})
+    if unknown:
+        known = ", ".join(sorted({r.category for r in records if r.category}))
+        raise ValueError(f"category weights name categories the prompt files lack: {', '.join(unknown)} "
+                         f"(their categories: {known})")
+    if any(w < 0 for w in weights.values()):
+        raise ValueError("category weights must be >= 0")
     groups: dict[str, list[PromptRecord]] = {}
     for r in records:
         groups.setdefault(r.category, []).append(r)
     rng = random.Random(seed)
     for key in sorted(groups):
         rng.shuffle(groups[key])
-    quota: dict[str, int] = {}
-    left, open_groups = min(count, len(records)), sorted(groups, key=lambda k: len(groups[k]))
-    while open_groups:  # smallest first: a full category passes its rest on
+    weight = {key: weights.get(key, 1.0) for key in groups}
+    quota: dict[str, int] = dict.fromkeys(groups, 0)
+    # the most constrained first (fewest records per unit of weight): a full category passes its rest on
+    open_groups = sorted((k for k in groups if weight[k] > 0), key=lambda k: len(groups[k]) / weight[k])
+    left = min(count, sum(len(groups[k]) for k in open_groups))
+    while open_groups:
         key = open_groups.pop(0)
-        quota[key] = min(len(groups[key]), left // (len(open_groups) + 1))
+        share = left * weight[key] / (weight[key] + sum(weight[k] for k in open_groups))
+        quota[key] = min(len(groups[key]), int(share))
         left -= quota[key]
     picked = [r for key in sorted(groups) for r in groups[key][:quota[key]]]
     rng.shuffle(picked)
@@ -203,7 +220,7 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
         records += read_prompt_file(Path(path))
     records = dedupe(records)
     if cfg.sample:
-        records = sample_by_category(records, cfg.sample, cfg.seed)
+        records = sample_by_category(records, cfg.sample, cfg.seed, dict(cfg.category_weights))
     report(BuildProgress("seeds", len(records), len(cfg.prompts)))
     if cfg.bootstrap:
         boot = _bootstrapped(cfg, loaded, records, report)
@@ -273,7 +290,9 @@ def write_manifest(ds: DataSet, session: Session, cfg: DataBuildConfig, extra: d
         "format": "specdecode-data-v1", "model": str(loaded.source), "model_fingerprint": fingerprint(loaded),
         "chat_template_sha": hashlib.sha256(template.encode()).hexdigest()[:16],
         "dtype": session.config.dtype, "weights": session.config.weights,
-        "prompt_files": [str(p) for p in cfg.prompts], "sample": cfg.sample, "bootstrap": cfg.bootstrap,
+        "prompt_files": [str(p) for p in cfg.prompts], "sample": cfg.sample,
+        **({"category_weights": dict(cfg.category_weights)} if cfg.category_weights else {}),
+        "bootstrap": cfg.bootstrap,
         "max_new_tokens": cfg.max_new_tokens, "sampled_fraction": cfg.sampled_fraction,
         "temperature": cfg.temperature, "top_p": cfg.top_p, "heldout_percent": cfg.heldout_percent,
         "seed": cfg.seed, **extra,

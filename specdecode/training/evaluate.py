@@ -4,8 +4,8 @@ and checked against what the engine measures on the same samples (``eval_drafter
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,9 +24,6 @@ from specdecode.training.ttt import (
     ttt_loss,
 )
 
-if TYPE_CHECKING:
-    from specdecode.training.trainer import TrainConfig
-
 
 @dataclass
 class EvalResult:
@@ -36,8 +33,19 @@ class EvalResult:
     accept_length_by_depth: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """What the held-out evaluation reads of a training run's settings (``TrainConfig.eval_settings``)."""
+
+    eval_samples: int
+    ttt_steps: int
+    max_len: int
+    autocast: bool
+    step_weight: float
+
+
 @torch.no_grad()
-def evaluate(drafter: Eagle3Drafter, target: Transformer, ds: DataSet, rows: list[dict], cfg: TrainConfig,
+def evaluate(drafter: Eagle3Drafter, target: Transformer, ds: DataSet, rows: list[dict], cfg: EvalSettings,
              aux: tuple[int, ...], t2d: torch.Tensor, t2d_index: torch.Tensor, tokens_mm: np.ndarray) -> EvalResult:
     drafter.eval()
     greedy = [i for i, r in enumerate(rows) if r.get("mode", "greedy") == "greedy"][:cfg.eval_samples]
@@ -121,3 +129,60 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
             "trainer_accept_length": sim_tokens / max(sim_cycles, 1),
             "engine_accept_length": eng_tokens / max(eng_cycles, 1),
             "engine_reproduced_response": f"{same_text}/{len(rows)}"}
+
+
+# ---------------------------------------------------------------- acceptance table (--spec-config auto)
+
+@dataclass(frozen=True)
+class AcceptanceTableConfig:
+    """`specdecode eval-drafter --acceptance-table`: per-position acceptance of the deepest
+    candidate shape of each top-k, measured by the engine on greedy held-out samples."""
+
+    data: str
+    drafter: str
+    samples: int = 40
+    max_len: int = 768
+    out: str | None = None  # directory to write acceptance.json into (default: the drafter's)
+
+
+def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
+                     on_shape: Callable[[str], None] | None = None) -> dict:
+    """Measure and write the drafter's ``acceptance.json`` (``io.checkpoints.write_acceptance``);
+    returns what was written and where."""
+    from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
+    from specdecode.core.engine import Engine, GenerateOptions
+    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+    from specdecode.io.checkpoints import load_drafter, write_acceptance
+
+    ds = DataSet(cfg.data)
+    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"
+            and min(r["loss_ranges"][0][1], cfg.max_len) > r["loss_ranges"][0][0]][:cfg.samples]
+    if not rows:
+        raise ValueError(f"{cfg.data}: no greedy held-out samples to measure acceptance on")
+    tokens_mm = ds.tokens()
+    target = session.loaded.model
+    drafter = load_drafter(cfg.drafter, target)
+    per_position: dict[int, list[float]] = {}
+    shapes = {}
+    for topk, steps in CANDIDATE_TOPK_STEPS.items():
+        shape = SpecConfig(max(steps), topk)
+        if on_shape:
+            on_shape(f"{shape.num_steps} steps, top-{topk}, {shape.num_draft_tokens} tokens")
+        engine = Engine(target, session.loaded.tokenizer, Eagle3Decoder(drafter, shape))
+        weighted, cycles = np.zeros(shape.max_depth), 0
+        for r in rows:
+            start, end = r["loss_ranges"][0]
+            end = min(end, cfg.max_len)
+            prompt = [int(t) for t in tokens_mm[r["offset"]:r["offset"] + start]]
+            result = engine.generate(prompt, GenerateOptions(max_new_tokens=end - start))
+            if result.stats.get("cycles"):
+                weighted += np.array(result.stats["per_position_accept"]) * result.stats["cycles"]
+                cycles += result.stats["cycles"]
+        per_position[topk] = list(weighted / max(cycles, 1))
+        shapes[topk] = {"num_steps": shape.num_steps, "num_draft_tokens": shape.num_draft_tokens, "cycles": cycles,
+                        "accept_length": 1 + float(sum(per_position[topk]))}
+    measured = {"data": str(cfg.data), "split": "heldout", "samples": len(rows), "dtype": session.config.dtype,
+                "weights": session.config.weights, "shapes": {str(k): v for k, v in shapes.items()},
+                "how": "engine, greedy, each held-out prompt answered for its reference answer's length"}
+    path = write_acceptance(cfg.out or cfg.drafter, per_position, measured)
+    return {"path": str(path), "per_position_accept": per_position, **measured}

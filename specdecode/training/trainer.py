@@ -35,7 +35,7 @@ from specdecode.training.dataset import (
     sample_token_counts,
     token_counts,
 )
-from specdecode.training.evaluate import EvalResult, evaluate
+from specdecode.training.evaluate import EvalResult, EvalSettings, evaluate
 from specdecode.training.features import FeatureProgress, build_features, cached_target_batch
 from specdecode.training.ttt import collate, needed_positions, target_batch, ttt_forward, ttt_loss
 
@@ -69,6 +69,10 @@ class TrainConfig:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto: where the target and the drafter run
     feature_cache: str | None = None  # a directory: the target's features computed once, read every epoch
     feature_noise: float = 0.0  # gaussian noise on each target tap, std relative to that tap's RMS per position
+
+    @property
+    def eval_settings(self) -> EvalSettings:
+        return EvalSettings(self.eval_samples, self.ttt_steps, self.max_len, self.autocast, self.step_weight)
 
 
 # ---------------------------------------------------------------- batches
@@ -269,7 +273,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
             state["log"].append(record)
             report(StepDone(state["step"], total, record))
             if heldout and (state["step"] % cfg.eval_every == 0 or state["step"] == total):
-                ev = evaluate(drafter, target, ds, heldout, cfg, aux, t2d, t2d_index, tokens_mm)
+                ev = evaluate(drafter, target, ds, heldout, cfg.eval_settings, aux, t2d, t2d_index, tokens_mm)
                 state["evals"].append({"step": state["step"], **asdict(ev)})
                 report(EvalDone(state["step"], ev))
             if state["step"] % cfg.save_every == 0 or state["step"] == total:

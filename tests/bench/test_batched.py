@@ -23,7 +23,7 @@ from tests.helpers import run_specdecode, tiny_model
 def session():
     model = tiny_model(seed=2, dtype=torch.float32)
     loaded = LoadedModel(model, Tok(), Path("tiny"), Path("tiny"))  # type: ignore[arg-type]
-    return Session(RuntimeConfig(), loaded, torch.device("cpu"), torch.float32, 1)
+    return Session(RuntimeConfig(dtype="float32", weights="native"), loaded, torch.device("cpu"), torch.float32, 1)
 
 
 def test_batched_runs_count_every_token_and_batch_the_requests(session):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
@@ -111,11 +112,12 @@ def test_drafter_path_is_loaded_once_and_shared(saved_drafter, count_loads):
     assert count_loads == [saved_drafter, saved_drafter]
 
 
-def test_decoder_config_defaults_to_spec_config(saved_drafter):
+def test_decoder_config_without_acceptance_table_falls_back_to_spec_config(saved_drafter):
     s = session("some/other-model.gguf")
     for spec in (DecoderSpec(drafter=RANDOM_DRAFTER), DecoderSpec(drafter=saved_drafter)):
         decoder = build_decoder(spec, s)
-        assert spec.config == SpecConfig()
+        assert spec.config == AutoSpec()  # the default asks for a measured choice ...
+        assert decoder.choice.how == "fallback"  # ... which needs the drafter's acceptance.json
         assert decoder.config == SpecConfig() and decoder.is_speculative
         assert isinstance(decoder.decode, Eagle3Decoder) and decoder.decode.config == SpecConfig()
         c = SpecConfig()

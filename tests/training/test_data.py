@@ -76,3 +76,23 @@ def test_prompts_holding_unicode_line_separators_are_one_line(tmp_path):
                     + json.dumps({"prompt": "second"}) + "\n", encoding="utf-8")
     records = read_prompt_file(path)
     assert [r.messages[0]["content"] for r in records] == ["a\u2028b\x85c\x0cd", "second"]
+
+
+def test_sample_by_category_weights_shares_and_nests(tmp_path):
+    from specdecode.training.data import read_prompt_file, sample_by_category
+
+    path = tmp_path / "corpus.jsonl"
+    rows = ([{"prompt": f"math {i}", "category": "math"} for i in range(100)]
+            + [{"prompt": f"code {i}", "category": "coding"} for i in range(100)]
+            + [{"prompt": f"tr {i}", "category": "translation"} for i in range(100)])
+    records = read_prompt_file(write_jsonl(path, rows))
+    weights = {"coding": 2.0, "translation": 0.0}
+    picked = sample_by_category(records, 60, seed=3, weights=weights)
+    counts = {c: sum(r.category == c for r in picked) for c in ("math", "coding", "translation")}
+    assert counts == {"math": 20, "coding": 40, "translation": 0}
+    bigger = {r.id for r in sample_by_category(records, 120, seed=3, weights=weights)}
+    assert {r.id for r in picked} <= bigger  # a larger draw keeps the smaller one's prompts
+    assert [r.id for r in sample_by_category(records, 60, seed=3)] == [r.id for r in sample_by_category(
+        records, 60, seed=3, weights={"math": 1.0})]  # weight 1.0 is the default
+    with pytest.raises(ValueError, match="lack: poetry"):
+        sample_by_category(records, 10, seed=0, weights={"poetry": 2.0})

@@ -1,0 +1,234 @@
+"""What a speculative shape is predicted to deliver: one formula for the sweep's cost model
+(``bench.costmodel``), the automatic choice of a shape (``runtime.autospec``) and its
+re-choice while decoding.
+
+A shape drafts ``num_steps`` levels, keeps ``num_draft_tokens`` nodes and verifies them in one
+target forward. With ``a_i`` the share of cycles whose accepted path reaches draft position
+``i`` (``SpecProfile.per_position_accept``), a cycle emits ``1 + sum(a_1..a_depth)`` tokens
+(the bonus token included) and costs its draft steps, its verify forward, the re-extend of
+the draft over the accepted tokens and the bookkeeping between; plain decoding costs one
+target step per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from specdecode.core.speculative import SpecConfig
+
+# The shapes ``--spec-config auto`` chooses among: chains of 1-6 steps, top-2 trees of 1-6 and
+# top-4 trees of 1-3 steps, each verifying its default node count (SGLang's grid, capped at 16
+# tokens verified: on a CPU a verify of 16 tokens already costs 2-3x a decode step).
+CANDIDATE_TOPK_STEPS: Mapping[int, tuple[int, ...]] = {1: (1, 2, 3, 4, 5, 6), 2: (1, 2, 3, 4, 5, 6), 4: (1, 2, 3)}
+
+
+def candidate_shapes() -> list[SpecConfig]:
+    return [SpecConfig(s, k) for k, steps in CANDIDATE_TOPK_STEPS.items() for s in steps]
+
+
+@dataclass(frozen=True)
+class AutoSpec:
+    """``--spec-config auto``: the shape is chosen by measurement (``runtime.autospec``); a
+    field given here is kept and the others are chosen around it."""
+
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "topk", "num_draft_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.num_steps is not None and self.topk is not None:
+            self.static()  # a full shape is checked at once (e.g. too many draft tokens for the tree)
+
+    @property
+    def complete(self) -> bool:
+        """Steps and top-k given: nothing is left to choose (draft tokens follow ``SpecConfig``'s rule)."""
+        return self.num_steps is not None and self.topk is not None
+
+    def static(self) -> SpecConfig:
+        """The fields given over the static default ``SpecConfig()``."""
+        d = SpecConfig()
+        return SpecConfig(d.num_steps if self.num_steps is None else self.num_steps,
+                          d.topk if self.topk is None else self.topk, cast(int, self.num_draft_tokens))
+
+    def admits(self, shape: SpecConfig) -> bool:
+        return all(want is None or want == got for want, got in (
+            (self.num_steps, shape.num_steps), (self.topk, shape.topk),
+            (self.num_draft_tokens, shape.num_draft_tokens)))
+
+    def fields(self) -> dict[str, int]:
+        return {k: v for k, v in (("num_steps", self.num_steps), ("topk", self.topk),
+                                  ("num_draft_tokens", self.num_draft_tokens)) if v is not None}
+
+
+def expected_accept_length(per_position_accept: Sequence[float], depth: int) -> float:
+    """Tokens per cycle (the bonus token included) of a draft ``depth`` deep."""
+    return 1.0 + float(sum(per_position_accept[:depth]))
+
+
+def predicted_speedup(accept_length: float, cycle_ms: float, baseline_ms_per_token: float) -> float:
+    """Speculative tokens per second over plain decoding's."""
+    return accept_length * baseline_ms_per_token / cycle_ms if cycle_ms > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class ShapeCost:
+    """Measured ms per cycle of one shape, by phase; re-extend priced separately (it grows
+    with the tokens accepted, see ``CycleCosts.extend_ms``)."""
+
+    draft_ms: float
+    verify_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class CycleCosts:
+    """What ``runtime.autospec`` measures once per machine, model, format, drafter and threads."""
+
+    baseline_ms: float  # one plain decode step (greedy, as the engine runs it)
+    shapes: Mapping[str, ShapeCost]  # by shape_key
+    extend_ms_by_tokens: Mapping[int, float]  # draft re-extend over T (target hidden, token) pairs
+
+    def extend_ms(self, tokens: float) -> float:
+        """Linear interpolation (and extrapolation from the last two) over the measured counts."""
+        pts = sorted(self.extend_ms_by_tokens.items())
+        if len(pts) == 1:
+            return pts[0][1]
+        for (t0, m0), (t1, m1) in zip(pts, pts[1:], strict=False):
+            if tokens <= t1 or (t1, m1) == pts[-1]:
+                return m0 + (m1 - m0) * (tokens - t0) / (t1 - t0)
+        return pts[-1][1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline_ms": self.baseline_ms,
+                "shapes": {k: {"draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "other_ms": c.other_ms}
+                           for k, c in self.shapes.items()},
+                "extend_ms_by_tokens": {str(k): v for k, v in self.extend_ms_by_tokens.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CycleCosts:
+        return cls(float(d["baseline_ms"]), {k: ShapeCost(**v) for k, v in d["shapes"].items()},
+                   {int(k): float(v) for k, v in d["extend_ms_by_tokens"].items()})
+
+
+def shape_key(shape: SpecConfig) -> str:
+    return f"{shape.num_steps}/{shape.topk}/{shape.num_draft_tokens}"
+
+
+@dataclass(frozen=True)
+class AcceptanceTable:
+    """Per-position acceptance of a drafter by branching factor, measured by the engine on
+    held-out answers with the deepest candidate shape of each top-k (``eval-drafter
+    --acceptance-table``). A shallower shape of the same top-k reads its prefix: for chains
+    that is exact, for trees an approximation (a shallower tree keeps other nodes)."""
+
+    per_position: Mapping[int, Sequence[float]]  # topk -> a_1..a_depth
+    source: str = ""  # where it came from, in words
+
+    def covers(self, shape: SpecConfig) -> bool:
+        return shape.topk in self.per_position and shape.max_depth <= len(self.per_position[shape.topk])
+
+    def accept_length(self, shape: SpecConfig) -> float:
+        return expected_accept_length(self.per_position[shape.topk], shape.max_depth)
+
+    def rescaled(self, factor: Mapping[int, float]) -> AcceptanceTable:
+        """Every position's acceptance times ``factor[topk]`` (1 where absent), capped at 1 and
+        kept non-increasing: what a request's own cycles say of its domain (``adapted``)."""
+        out = {}
+        for k, pp in self.per_position.items():
+            f, prev, row = factor.get(k, 1.0), 1.0, []
+            for a in pp:
+                prev = min(prev, a * f, 1.0)
+                row.append(prev)
+            out[k] = row
+        return AcceptanceTable(out, self.source)
+
+
+@dataclass
+class Prediction:
+    shape: SpecConfig
+    accept_length: float
+    cycle_ms: float
+    tok_per_s: float
+    speedup: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"num_steps": self.shape.num_steps, "topk": self.shape.topk,
+                "num_draft_tokens": self.shape.num_draft_tokens, "accept_length": round(self.accept_length, 4),
+                "cycle_ms": round(self.cycle_ms, 4), "tok_per_s": round(self.tok_per_s, 2),
+                "speedup": round(self.speedup, 4)}
+
+
+def predict(shape: SpecConfig, acceptance: AcceptanceTable, costs: CycleCosts) -> Prediction | None:
+    """The shape's predicted speed, or None where acceptance or costs were not measured for it."""
+    cost = costs.shapes.get(shape_key(shape))
+    if cost is None or not acceptance.covers(shape):
+        return None
+    length = acceptance.accept_length(shape)
+    cycle = cost.draft_ms + cost.verify_ms + cost.other_ms + costs.extend_ms(length)
+    return Prediction(shape, length, cycle, 1000 * length / cycle, predicted_speedup(length, cycle, costs.baseline_ms))
+
+
+def best_shape(shapes: Iterable[SpecConfig], acceptance: AcceptanceTable, costs: CycleCosts) -> list[Prediction]:
+    """Every predictable shape's prediction, fastest first (ties: the cheaper verify)."""
+    preds = [p for p in (predict(s, acceptance, costs) for s in shapes) if p is not None]
+    return sorted(preds, key=lambda p: (-p.tok_per_s, p.shape.num_draft_tokens, p.shape.num_steps))
+
+
+@dataclass
+class AdaptiveShape:
+    """Re-chooses a request's shape every ``every`` cycles from the same cost model, with the
+    acceptance table rescaled by what this request's cycles have accepted so far (its domain
+    shows after a few dozen tokens: math accepts more than summarization). Only the shape
+    changes, never how tokens are accepted, so losslessness is untouched."""
+
+    shapes: Sequence[SpecConfig]
+    acceptance: AcceptanceTable
+    costs: CycleCosts
+    current: SpecConfig
+    every: int = 8
+    min_cycles: int = 8
+    prior_cycles: float = 8.0  # how many cycles' weight the table's own figures keep
+    observed: dict[int, list[float]] = field(default_factory=dict)  # topk -> [cycles, accepted, expected]
+    cycles: int = 0
+    changes: list[tuple[int, str]] = field(default_factory=list)  # (cycle, shape key) when it changed
+
+    def record(self, shape: SpecConfig, accepted: int) -> SpecConfig:
+        """Note one cycle of ``shape`` that accepted ``accepted`` draft tokens; the shape for the next."""
+        o = self.observed.setdefault(shape.topk, [0.0, 0.0, 0.0])
+        o[0] += 1
+        o[1] += accepted
+        o[2] += self.acceptance.accept_length(shape) - 1 if self.acceptance.covers(shape) else accepted
+        self.cycles += 1
+        if self.cycles >= self.min_cycles and self.cycles % self.every == 0:
+            best = best_shape(self.shapes, self.adapted(), self.costs)
+            if best and best[0].shape != self.current:
+                self.current = best[0].shape
+                self.changes.append((self.cycles, shape_key(self.current)))
+        return self.current
+
+    def factor(self) -> dict[int, float]:
+        """Accepted over expected, shrunk toward 1 by ``prior_cycles`` of the table's own figure;
+        a top-k not yet tried takes the pooled factor of the others."""
+        acc = sum(o[1] for o in self.observed.values())
+        exp = sum(o[2] for o in self.observed.values())
+        n = sum(o[0] for o in self.observed.values())
+        prior = self.prior_cycles * (exp / n if n else 1.0)
+        pooled = (acc + prior) / (exp + prior) if exp + prior > 0 else 1.0
+        out = dict.fromkeys(self.acceptance.per_position, pooled)
+        for k, (c, a, e) in self.observed.items():
+            p = self.prior_cycles * (e / c if c else 1.0)
+            out[k] = (a + p) / (e + p) if e + p > 0 else 1.0
+        return {k: v for k, v in out.items() if math.isfinite(v)}
+
+    def adapted(self) -> AcceptanceTable:
+        return self.acceptance.rescaled(self.factor())
+
+
+ShapePolicy = Callable[[SpecConfig, int], SpecConfig]  # (shape just run, accepted draft tokens) -> next shape

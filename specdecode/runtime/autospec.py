@@ -1,0 +1,209 @@
+"""The default speculative shape: ``--spec-config auto`` (the default of every command and of
+``DecoderSpec()``) is decided here and nowhere else.
+
+Two measurements meet in ``core.costmodel``: what a cycle of each candidate shape costs on this
+machine (``core.calibrate``: measured once per CPU/GPU, torch build, threads, model file,
+format, kernel plan, drafter file and engine code, about 2-10 s, then cached in
+``$SPECDECODE_CACHE/spec-costs/`` beside the kernel plans), and how often the drafter's
+proposals are accepted at each draft position (``acceptance.json`` shipped with the drafter,
+measured by ``eval-drafter --acceptance-table`` on held-out answers). The shape with the highest
+predicted tokens per second wins. Flags given (``--num-steps``, ``--topk``,
+``--num-draft-tokens``) are kept and the rest chosen around them; steps and top-k given leave
+nothing to choose, and ``--spec-config static`` takes ``SpecConfig()`` under the flags. A drafter
+without an acceptance table (a foreign or random one) gets ``SpecConfig()`` too, and the choice
+says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdecode.core.calibrate import measure_cycle_costs
+from specdecode.core.costmodel import (
+    AcceptanceTable,
+    AdaptiveShape,
+    AutoSpec,
+    CycleCosts,
+    Prediction,
+    best_shape,
+    candidate_shapes,
+    predict,
+)
+from specdecode.core.speculative import Drafter, SpecConfig
+from specdecode.io.checkpoints import ACCEPTANCE_FILE, read_acceptance
+from specdecode.io.paths import cache_root, file_fingerprint, file_hash
+from specdecode.runtime.kernels import hardware_key
+from specdecode.runtime.session import Session
+
+SPEC_MODES = ("auto", "static")
+# What the calibration decodes after (its content barely matters: costs are priced per phase,
+# the re-extend per token count); about 130 tokens with the chat template, a typical prompt.
+CALIBRATION_PROMPT = ("Explain, step by step and with one worked example, how a hash table resolves collisions "
+                      "with open addressing and with separate chaining, when each is faster, what load factor "
+                      "means for both, and why resizing keeps lookups fast on average. Then write a short "
+                      "Python function that inserts a key into an open-addressing table with linear probing.")
+
+
+@dataclass
+class SpecChoice:
+    """The shape a decoder runs and how it was decided (recorded by ``--json``, bench and serve)."""
+
+    config: SpecConfig
+    how: str  # auto (measured) | flags (every field given) | static (SpecConfig() under the flags) | fallback
+    reason: str
+    prediction: Prediction | None = None
+    baseline_ms: float | None = None
+    costs_source: str | None = None  # "measured in 4.1 s, cached in PATH" | "cached PATH"
+    acceptance_source: str | None = None
+    measure_s: float = 0.0  # time spent measuring now (0 when cached)
+    choose_s: float = 0.0  # time this choice took, measuring included
+    candidates: list[dict] = field(default_factory=list)  # every predicted shape, fastest first
+    # what the choice was made from (kept for --adapt, which re-chooses among ``shapes`` while decoding)
+    shapes: list[SpecConfig] = field(default_factory=list, repr=False)
+    acceptance: AcceptanceTable | None = field(default=None, repr=False)
+    costs: CycleCosts | None = field(default=None, repr=False)
+
+    def adaptive(self, every: int = 8) -> Callable[[], AdaptiveShape] | None:
+        """A factory of per-request shape policies (``--adapt``), or None where nothing was measured."""
+        if self.how != "auto" or self.acceptance is None or self.costs is None:
+            return None
+        shapes, table, costs, first = list(self.shapes), self.acceptance, self.costs, self.config
+        return lambda: AdaptiveShape(shapes, table, costs, first, every=every)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"how": self.how, "reason": self.reason, "num_steps": self.config.num_steps,
+                               "topk": self.config.topk, "num_draft_tokens": self.config.num_draft_tokens}
+        if self.prediction is not None:
+            out |= {"predicted_accept_length": round(self.prediction.accept_length, 3),
+                    "predicted_tok_per_s": round(self.prediction.tok_per_s, 1),
+                    "predicted_speedup": round(self.prediction.speedup, 3),
+                    "baseline_ms_per_token": self.baseline_ms, "costs": self.costs_source,
+                    "acceptance": self.acceptance_source, "measure_s": round(self.measure_s, 2),
+                    "choose_s": round(self.choose_s, 3), "candidates": self.candidates}
+        return out
+
+    def summary(self) -> str:
+        c = self.config
+        shape = f"{c.num_steps} steps, top-{c.topk}, {c.num_draft_tokens} tokens"
+        if self.prediction is None:
+            return f"speculative shape {shape} ({self.how}: {self.reason})"
+        p = self.prediction
+        return (f"speculative shape {shape} (auto: predicted {p.speedup:.2f}x plain decoding, accept length "
+                f"{p.accept_length:.2f}; costs {self.costs_source}; acceptance {self.acceptance_source})")
+
+
+def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
+    if not drafter_path or not Path(drafter_path).is_dir():
+        return None
+    data = read_acceptance(drafter_path)
+    if data is None:
+        return None
+    m = data.get("measured", {})
+    source = (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} ({m.get('samples', '?')} held-out answers, "
+              f"{m.get('dtype', '?')}/{m.get('weights', '?')})")
+    return AcceptanceTable(data["per_position_accept"], source)
+
+
+def _code_digest() -> str:
+    """The engine code the costs were measured with: a change to core/ measures again."""
+    core = Path(__file__).resolve().parent.parent / "core"
+    h = hashlib.sha256()
+    for p in sorted(core.glob("*.py")):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def costs_key(session: Session, drafter: torch.nn.Module, drafter_path: str) -> dict[str, object]:
+    src = session.loaded.source
+    from specdecode import __version__
+
+    return hardware_key(session.loaded.model, session.threads) | {
+        "device": str(session.device),
+        "gpu": torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else None,
+        "model": file_fingerprint(src) if src.is_file() else file_hash(src / "config.json"),
+        "dtype": session.config.dtype, "weights": session.config.weights,
+        "kernel_plan": hashlib.sha256(json.dumps(session.kernels.choices, sort_keys=True).encode()).hexdigest()[:16],
+        "drafter": file_hash(drafter_path) if drafter_path and Path(drafter_path).exists() else drafter_path,
+        "drafter_dtype": str(next(drafter.parameters()).dtype),
+        "specdecode": __version__, "core_code": _code_digest(), "shapes": [str(s) for s in candidate_shapes()],
+        "tensor_parallel": session.world_size,
+    }
+
+
+def costs_path(key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root() / "spec-costs" / f"{digest}.json"
+
+
+def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
+                log: Callable[[str], None] | None = None) -> tuple[CycleCosts, str, float]:
+    """The cached costs for this setting, or measured now and cached: (costs, source, seconds measuring)."""
+    key = costs_key(session, drafter, drafter_path)  # type: ignore[arg-type]
+    path = costs_path(key)
+    if path.exists():
+        try:
+            return CycleCosts.from_dict(json.loads(path.read_text())["costs"]), f"cached {path}", 0.0
+        except (ValueError, KeyError, TypeError) as e:
+            if log:
+                log(f"speculative cost table {path} not usable ({e}); measuring again")
+    if log:
+        log("measuring speculative cycle costs on this machine (once per model, format, drafter and threads)")
+    tok = session.loaded.tokenizer
+    prompt = tok.encode_chat([{"role": "user", "content": CALIBRATION_PROMPT}])
+    t0 = time.perf_counter()
+    costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
+    seconds = time.perf_counter() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "costs": costs.to_dict(), "seconds": round(seconds, 2)}, indent=1,
+                              default=str))
+    tmp.replace(path)
+    return costs, f"measured in {seconds:.1f} s, cached in {path}", seconds
+
+
+def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Drafter, drafter_path: str | None,
+                log: Callable[[str], None] | None = None) -> SpecChoice:
+    """The shape to decode with (see the module doc)."""
+    t0 = time.perf_counter()
+    if isinstance(request, SpecConfig):
+        return SpecChoice(request, "static", "--spec-config static: SpecConfig() under the flags given")
+    if request.complete:
+        return SpecChoice(request.static(), "flags", "steps and top-k given: nothing left to choose")
+    if session.world_size > 1:  # each rank would time its own cycles and could choose another shape
+        return SpecChoice(request.static(), "fallback",
+                          f"tensor parallelism ({session.world_size} ranks): the ranks must decode one shape, "
+                          "so SpecConfig() under the flags given")
+    table = acceptance_table(drafter_path)
+    if table is None:
+        return SpecChoice(request.static(), "fallback",
+                          f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter "
+                          "--acceptance-table`): SpecConfig() under the flags given")
+    shapes = [s for s in candidate_shapes() if request.admits(s) and table.covers(s)]
+    if not shapes:
+        return SpecChoice(request.static(), "fallback",
+                          f"no measured candidate shape has {request.fields()}: SpecConfig() under the flags given")
+    costs, source, measured = cycle_costs(session, drafter, drafter_path or "", log)
+    ranked = best_shape(shapes, table, costs)
+    if not ranked:
+        return SpecChoice(request.static(), "fallback", "no candidate could be predicted")
+    best = ranked[0]
+    return SpecChoice(best.shape, "auto", "the highest predicted tok/s among the candidates", best,
+                      costs.baseline_ms, source, table.source, measured, time.perf_counter() - t0,
+                      [p.to_dict() for p in ranked], shapes, table, costs)
+
+
+def predict_shape(shape: SpecConfig, session: Session, drafter: Drafter, drafter_path: str) -> Prediction | None:
+    """The cost model's prediction for any candidate shape (bench records it beside the measured)."""
+    table = acceptance_table(drafter_path)
+    if table is None:
+        return None
+    costs, _, _ = cycle_costs(session, drafter, drafter_path)
+    return predict(shape, table, costs)

@@ -1,0 +1,116 @@
+"""The cost model the sweep and --spec-config auto share, the auto request, and the adaptive shape
+(which must never change what greedy decoding emits)."""
+
+import pytest
+import torch
+
+from specdecode.core.costmodel import (
+    AcceptanceTable,
+    AdaptiveShape,
+    AutoSpec,
+    CycleCosts,
+    ShapeCost,
+    best_shape,
+    candidate_shapes,
+    predict,
+    shape_key,
+)
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.selfdraft import SelfDrafter
+from specdecode.core.speculative import SpecConfig, eagle3_decode
+from tests.core.test_speculative import baseline, tokens
+from tests.helpers import perturbed, tiny_model
+
+
+def costs(verify_per_token=1.0, base=10.0):
+    """A verify that costs base + verify_per_token per extra token; a draft step 1 ms per top-k row."""
+    return CycleCosts(base, {shape_key(s): ShapeCost(draft_ms=1.0 * (s.num_steps - 1) * s.topk,
+                                                     verify_ms=base + verify_per_token * (s.num_draft_tokens - 1),
+                                                     other_ms=0.5) for s in candidate_shapes()},
+                      {1: 1.0, 3: 2.0})
+
+
+def test_auto_request_keeps_given_fields():
+    assert AutoSpec().static() == SpecConfig()
+    assert AutoSpec(num_steps=3).static() == SpecConfig(3, SpecConfig().topk)
+    assert AutoSpec(3, 1).complete and not AutoSpec(topk=1).complete
+    chains = [s for s in candidate_shapes() if AutoSpec(topk=1).admits(s)]
+    assert chains and all(s.topk == 1 for s in chains)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        AutoSpec(num_steps=0)
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        AutoSpec(2, 1, 9)  # a chain of 2 cannot verify 9 tokens
+
+
+def test_prediction_is_the_formula():
+    table = AcceptanceTable({1: [0.8, 0.5, 0.2, 0.1, 0.0, 0.0]})
+    c = costs()
+    p = predict(SpecConfig(2, 1), table, c)
+    assert p.accept_length == pytest.approx(2.3)
+    cycle = 1.0 + (10.0 + 2.0) + 0.5 + c.extend_ms(2.3)  # draft, verify of 3 tokens, other, re-extend
+    assert c.extend_ms(2.3) == pytest.approx(1.65)  # interpolated between 1 and 3 tokens
+    assert p.cycle_ms == pytest.approx(cycle)
+    assert p.speedup == pytest.approx(2.3 * 10.0 / cycle)
+    assert predict(SpecConfig(2, 2), table, c) is None  # no acceptance measured for top-2
+
+
+def test_cheap_verify_favours_depth_and_dear_verify_favours_chains():
+    table = AcceptanceTable({1: [0.8, 0.6, 0.45, 0.35, 0.25, 0.2], 2: [0.85, 0.65, 0.5, 0.4, 0.3, 0.25]})
+    cheap = best_shape(candidate_shapes(), table, costs(verify_per_token=0.05))[0].shape
+    dear = best_shape(candidate_shapes(), table, costs(verify_per_token=4.0))[0].shape
+    assert cheap.max_depth > dear.max_depth
+    assert dear.num_draft_tokens <= 3
+
+
+def test_adaptive_shape_follows_the_requests_acceptance():
+    table = AcceptanceTable({1: [0.5, 0.25, 0.12, 0.06, 0.03, 0.01]})
+    shapes = [s for s in candidate_shapes() if s.topk == 1]
+    c = costs(verify_per_token=1.0)
+    first = best_shape(shapes, table, c)[0].shape
+    easy = AdaptiveShape(shapes, table, c, first)
+    shape = first
+    for _ in range(32):  # every draft token accepted: a domain the drafter knows well
+        shape = easy.record(shape, shape.max_depth)
+    assert shape.max_depth > first.max_depth and easy.changes
+    hard = AdaptiveShape(shapes, table, c, shape)
+    for _ in range(32):  # nothing accepted
+        shape = hard.record(shape, 0)
+    assert shape.max_depth == 1
+
+
+class EveryCycle:
+    """A shape policy that walks through shapes cycle by cycle (the worst case for caches)."""
+
+    def __init__(self, shapes):
+        self.shapes, self.i = shapes, 0
+
+    def record(self, shape, accepted):
+        self.i += 1
+        return self.shapes[self.i % len(self.shapes)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_with_a_changing_shape_equals_baseline(seed):
+    target = tiny_model(seed=30 + seed)
+    prompt = list(range(3, 9 + 3 * seed))
+    drafter = SelfDrafter(perturbed(target, 0.05, seed), target, prompt[0])
+    shapes = [SpecConfig(1, 1), SpecConfig(4, 2), SpecConfig(3, 1), SpecConfig(2, 4), SpecConfig(6, 1)]
+    steps = list(eagle3_decode(target, drafter, prompt, 60, SamplingParams(), None, shapes[0],
+                               policy=EveryCycle(shapes)))
+    assert tokens(steps)[:60] == baseline(target, prompt, 60)
+    assert len({s.cycle.drafted for s in steps if s.cycle}) > 2  # the shapes did change
+
+
+def test_sampling_with_a_changing_shape_matches_the_seeded_baseline():
+    """One draw per emitted token in the baseline's order: a seeded request is the same whatever the shape."""
+    from specdecode.core.engine import baseline_decode
+
+    target = tiny_model(seed=40)
+    prompt = [3, 4, 5, 6]
+    drafter = SelfDrafter(perturbed(target, 0.02, 0), target, prompt[0])
+    params = SamplingParams(temperature=0.8, seed=7)
+    shapes = [SpecConfig(2, 1), SpecConfig(3, 2), SpecConfig(1, 1)]
+    spec = tokens(eagle3_decode(target, drafter, prompt, 40, params, torch.Generator().manual_seed(7), shapes[0],
+                                policy=EveryCycle(shapes)))
+    base = tokens(baseline_decode(target, prompt, 40, params, torch.Generator().manual_seed(7)))
+    assert spec[:40] == base

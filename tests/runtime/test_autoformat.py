@@ -1,0 +1,50 @@
+"""The default format (runtime.autoformat): bf16 + the GGUF's 4-bit blocks where the CPU has bf16."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdecode.runtime.autoformat import fast_bf16, resolve_format
+
+BF16 = frozenset({"avx512f", "avx512_bf16"})
+NO_BF16 = frozenset({"avx2", "avx512f"})
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    from specdecode.io.paths import default_model_path
+
+    return default_model_path()
+
+
+def test_gguf_on_a_bf16_cpu_runs_bf16_with_its_own_4bit_blocks(gguf):
+    c = resolve_format("auto", "auto", gguf, CPU, cpu_flags=BF16)
+    assert (c.dtype, c.weights) == ("bfloat16", "q4")
+    assert "avx512_bf16" in c.reason and "4-bit" in c.reason
+
+
+def test_no_bf16_means_float32_native(gguf):
+    c = resolve_format("auto", "auto", gguf, CPU, cpu_flags=NO_BF16)
+    assert (c.dtype, c.weights) == ("float32", "native")
+    assert "no bf16" in c.reason
+    assert fast_bf16(CPU, frozenset({"bf16", "asimd"}))[0]  # Arm's flag
+
+
+def test_a_valid_combination_never_fails_and_says_why(gguf, tmp_path):
+    tp = resolve_format("auto", "auto", gguf, CPU, world_size=2, cpu_flags=BF16)
+    assert (tp.dtype, tp.weights) == ("bfloat16", "native") and "tensor parallelism" in tp.reason
+    hf = resolve_format("auto", "auto", Path(tmp_path), CPU, cpu_flags=BF16)
+    assert (hf.dtype, hf.weights) == ("bfloat16", "native") and "not a GGUF" in hf.reason
+    exact = resolve_format("float32", "auto", gguf, CPU, cpu_flags=BF16)
+    assert (exact.dtype, exact.weights) == ("float32", "native")
+    asked = resolve_format("auto", "int8", gguf, CPU, cpu_flags=BF16)
+    assert (asked.dtype, asked.weights) == ("bfloat16", "int8")
+    assert resolve_format("float32", "native", gguf, CPU).reason == "as asked"
+
+
+def test_session_records_the_resolved_format():
+    from specdecode.runtime.session import RuntimeConfig
+
+    assert (RuntimeConfig().dtype, RuntimeConfig().weights) == ("auto", "auto")

@@ -1,0 +1,89 @@
+"""--spec-config auto (runtime.autospec) on a tiny float64 model: the choice is the cost model's
+best over measured costs and the drafter's acceptance table, cached per setting; flags are kept;
+a drafter without a table falls back to SpecConfig(), saying why."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdecode.core.costmodel import AutoSpec, candidate_shapes
+from specdecode.core.drafter import random_drafter
+from specdecode.core.speculative import SpecConfig
+from specdecode.io.checkpoints import ACCEPTANCE_FILE, save_drafter, write_acceptance
+from specdecode.io.errors import DrafterMismatchError
+from specdecode.io.loading import LoadedModel
+from specdecode.runtime.autospec import choose_spec
+from specdecode.runtime.decoders import DecoderSpec, build_decoder
+from specdecode.runtime.session import RuntimeConfig, Session
+from tests.helpers import tiny_model
+
+TABLE = {1: [0.7, 0.5, 0.35, 0.25, 0.15, 0.1], 2: [0.8, 0.6, 0.45, 0.3, 0.2, 0.15], 4: [0.85, 0.65, 0.5]}
+
+
+class ChatIds:
+    """The calibration only needs a chat prompt's token ids."""
+
+    eos_token_ids = ()
+
+    def encode_chat(self, messages):
+        return list(range(3, 60))
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    model = tiny_model()
+    loaded = LoadedModel(model, ChatIds(), Path("tiny"), Path("tiny"))
+    session = Session(RuntimeConfig(dtype="float64", weights="native"), loaded, torch.device("cpu"), torch.float64, 1)
+    path = tmp_path / "drafter"
+    drafter = random_drafter(model, draft_vocab_size=50, seed=2)
+    save_drafter(drafter, path)
+    write_acceptance(path, TABLE, {"samples": 3, "dtype": "float64", "weights": "native"})
+    return session, drafter, str(path)
+
+
+def test_auto_picks_the_best_prediction_and_caches_the_costs(setup):
+    session, drafter, path = setup
+    first = choose_spec(AutoSpec(), session, drafter, path)
+    assert first.how == "auto" and first.config in candidate_shapes()
+    speeds = [c["tok_per_s"] for c in first.candidates]
+    assert speeds == sorted(speeds, reverse=True) and len(speeds) == len(candidate_shapes())
+    assert first.prediction.shape == first.config and first.costs_source.startswith("measured")
+    again = choose_spec(AutoSpec(), session, drafter, path)
+    assert again.costs_source.startswith("cached") and again.measure_s == 0
+    assert again.config == first.config  # same costs, same table: same choice
+    d = again.to_dict()
+    assert d["predicted_speedup"] == pytest.approx(first.prediction.speedup, rel=1e-3) and "acceptance" in d
+
+
+def test_flags_are_kept_and_the_rest_chosen(setup):
+    session, drafter, path = setup
+    chain = choose_spec(AutoSpec(topk=1), session, drafter, path)
+    assert chain.how == "auto" and chain.config.topk == 1
+    assert all(c["topk"] == 1 for c in chain.candidates)
+    full = choose_spec(AutoSpec(3, 1), session, drafter, path)
+    assert (full.how, full.config) == ("flags", SpecConfig(3, 1))
+    static = choose_spec(SpecConfig(), session, drafter, path)
+    assert (static.how, static.config) == ("static", SpecConfig())
+
+
+def test_no_table_falls_back_and_a_bad_table_is_refused(setup):
+    session, drafter, path = setup
+    (Path(path) / ACCEPTANCE_FILE).unlink()
+    fallback = choose_spec(AutoSpec(num_steps=3), session, drafter, path)
+    assert fallback.how == "fallback" and fallback.config == SpecConfig(3, SpecConfig().topk)
+    assert "eval-drafter --acceptance-table" in fallback.reason
+    (Path(path) / ACCEPTANCE_FILE).write_text(json.dumps({"format": "nope"}))
+    with pytest.raises(DrafterMismatchError, match="rebuild it with"):
+        choose_spec(AutoSpec(), session, drafter, path)
+
+
+def test_the_factory_decodes_with_the_choice_and_adapts_on_request(setup):
+    session, drafter, path = setup
+    decoder = build_decoder(DecoderSpec(drafter=path), session)
+    assert decoder.choice.how == "auto" and decoder.config == decoder.choice.config
+    adaptive = build_decoder(DecoderSpec(drafter=path, adapt=True), session)
+    assert adaptive.decode.adapt is not None and "adaptive" in adaptive.description
+    assert adaptive.decode.max_depth == max(s.max_depth for s in candidate_shapes())
