@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The defaults chosen by measurement (issue 23), on this machine with two threads, Spec-Bench
-# (2 prompts per category = 26 prompts), for each bf16 weight format (q4: the GGUF's own 4-bit
+# (2 prompts per category = 26 prompts; the sweep on the first of each), for each bf16 weight format (q4: the GGUF's own 4-bit
 # blocks, the default here; native):
 #   1. cold and warm start: `generate --json` twice on a fresh cache (the cycle-cost measuring
 #      time, the choice's time on a warm cache, the shape chosen and its prediction);
-#   2. `sweep` over steps 1-5 x top-k 1,2 on the same prompts (96 tokens): its best configuration;
+#   2. `sweep` over steps 1-4 x top-k 1,2 on the first prompt of each category (13, 96 tokens): its best;
 #   3. one interleaved `bench` (128 tokens): the baseline, `eagle3` (what `generate` runs by
 #      default: --spec-config auto), the sweep's best, and `eagle3:adapt=1` (the shape re-chosen
 #      while decoding), with the cost model's prediction beside the measured speed.
@@ -28,7 +28,7 @@ for W in q4 native; do
  'spec_config': r['spec_config'], 'spec_choice': r['spec_choice']}))"
         done > "$R/start-$W.json"
     fi
-    [ -s "$R/sweep-$W/sweep.json" ] || $SD sweep --steps 1,2,3,4,5 --topk 1,2 --prompts "$SPEC" --per-category 2 \
+    [ -s "$R/sweep-$W/sweep.json" ] || $SD sweep --steps 1,2,3,4 --topk 1,2 --prompts "$SPEC" --per-category 1 \
         --max-new-tokens 96 --dtype bfloat16 --weights "$W" --threads 2 --no-store --out "$R/sweep-$W" \
         | tee "$R/sweep-$W.txt"
     BEST=$(python3 -c "import json; print(json.load(open('$R/sweep-$W/sweep.json'))['best'])")

@@ -5,8 +5,8 @@ The public API, in one import (loaded lazily: ``import specdecode`` does not imp
     from specdecode import DecoderSpec, Engine, GenerateOptions, RuntimeConfig, SamplingParams, SpecConfig
     from specdecode import build_decoder, start
 
-    session = start(RuntimeConfig(dtype="bfloat16"))            # the default SmolLM2-135M-Instruct
-    decoder = build_decoder(DecoderSpec(), session)              # shipped EAGLE-3 drafter, SpecConfig()
+    session = start(RuntimeConfig())        # the default SmolLM2-135M-Instruct, format chosen for this machine
+    decoder = build_decoder(DecoderSpec(), session)              # shipped EAGLE-3 drafter, shape chosen by measurement
     engine = Engine(session.loaded.model, session.loaded.tokenizer, decoder.decode)
     ids = session.loaded.tokenizer.encode_chat("Why is the sky blue?")
     print(engine.generate(ids, GenerateOptions(max_new_tokens=64)).text)
@@ -37,6 +37,7 @@ _EXPORTS = {
     "BatchConfig": "specdecode.core.batching",
     "generate_all": "specdecode.core.batching",
     "SpecConfig": "specdecode.core.speculative",
+    "AutoSpec": "specdecode.core.costmodel",
     "Eagle3Decoder": "specdecode.core.speculative",
     "Eagle3Drafter": "specdecode.core.drafter",
     "random_drafter": "specdecode.core.drafter",

@@ -246,7 +246,7 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
     if params.get("adapt", "0") not in ("0", "1"):
         raise ValueError(f"method {spec!r}: adapt must be 0 or 1")
     return DecoderSpec(drafter=params.get("drafter") or drafter_path, config=method_spec_request(spec),
-                       adapt=params.get("adapt") == "1")
+                       adapt=params.get("adapt") == "1", allow_plain=False)
 
 
 def build_method(spec: str, session: Session, drafter_path: str | None = None,

@@ -104,6 +104,7 @@ class SweepPlan:
                                   on_progress)
         result = analyse(records, self.specs)
         result["threads"], result["dtype"] = self.session.threads, self.session.config.dtype
+        result["weights"], result["format_reason"] = self.session.config.weights, self.session.format_reason
         result["fingerprint"] = self.fingerprint
         return SweepRun(result, records, self.specs, len(self.prompts))
 

@@ -169,7 +169,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
 
     def load():
         session = start(runtime)
-        return session, build_decoder(DecoderSpec(drafter=args.drafter), session)
+        return session, build_decoder(DecoderSpec(drafter=args.drafter, allow_plain=False), session)
 
     # the model loads on a thread that ends: this thread then owns torch's only OpenMP team
     session, decoder = on_passing_thread(load, runtime.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, runtime_config
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
 
     console = Console(stderr=True)
-    spec = decoder_spec(args)  # bad flags are refused before the model loads
+    spec = replace(decoder_spec(args), allow_plain=False)  # bad flags are refused before the model loads
     session = start(runtime_config(args))
     model, tokenizer = session.loaded.model, session.loaded.tokenizer
     if args.self_draft:

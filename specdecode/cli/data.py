@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from specdecode.cli.common import add_model_args, runtime_config
@@ -53,9 +54,13 @@ def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
         try:
             if not sep or not name:
                 raise ValueError
-            out.append((name.strip(), float(value)))
+            weight = float(value)
+            if not math.isfinite(weight) or weight < 0:
+                raise ValueError
+            out.append((name.strip(), weight))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r}: expected CATEGORY=WEIGHT, e.g. coding=2") from None
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected CATEGORY=WEIGHT with a finite WEIGHT >= 0, e.g. coding=2") from None
     return tuple(out)
 
 

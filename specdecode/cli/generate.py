@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
     if decoder.choice is not None and not args.json:
         err.print(decoder.choice.summary(), markup=False, highlight=False)
+    for note in decoder.notes:
+        err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     engine = Engine(session.loaded.model, tok, decoder.decode, comm=session.comm)
 
     if args.json:
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         "kernels": session.kernels.summary(), "device": str(session.device),
         "threads": session.threads, "load_s": load_s,
         "spec_config": asdict(decoder.config) if decoder.config else None,
-        "spec_choice": decoder.choice.to_dict() if decoder.choice else None}
+        "spec_choice": decoder.choice.to_dict() if decoder.choice else None, "notes": decoder.notes}
     if args.launch_profile:
         from specdecode.bench.profiles import load_profile
 

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         result = sweep_one(args, config, runtime, Path(args.out) / sub if sub else Path(args.out), console)
         if result["best"]:
             best = next(c for c in result["configs"] if c["method"] == result["best"])
-            bests.append((f"{runtime.dtype}, {result['threads']} threads", 1000 / result["baseline_ms_per_token"],
+            bests.append((f"{result['dtype']}, {result['threads']} threads", 1000 / result["baseline_ms_per_token"],
                           best))
     if len(points) > 1 and bests:
         table = Table(title="best configuration per setting (each with its own interleaved baseline)")
@@ -114,7 +114,9 @@ def sweep_one(args: argparse.Namespace, config: SweepConfig, runtime: Any, out: 
     if not args.no_store:
         save_and_report(sweep.to_run(), ResultsStore(args.store), None, console)
 
-    table = Table(title=f"sweep: {sweep.prompts} prompts, {runtime.dtype}, {session.threads} threads; baseline "
+    weights = session.config.weights
+    fmt = session.config.dtype + ("" if weights == "native" else f", {weights} weights")
+    table = Table(title=f"sweep: {sweep.prompts} prompts, {fmt}, {session.threads} threads; baseline "
                         f"{1000 / result['baseline_ms_per_token']:.1f} tok/s")
     for col in ("config", "verified", "accept len", "tok/s", "speedup", "predicted", "draft", "verify", "extend",
                 "other", "same output"):

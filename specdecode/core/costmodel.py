@@ -13,11 +13,11 @@ target step per token.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from specdecode.core.speculative import SpecConfig
+from specdecode.core.speculative import SpecConfig, default_draft_tokens, max_draft_tokens
 
 # The shapes ``--spec-config auto`` chooses among: chains of 1-6 steps, top-2 trees of 1-6 and
 # top-4 trees of 1-3 steps, each verifying its default node count (SGLang's grid, capped at 16
@@ -25,14 +25,23 @@ from specdecode.core.speculative import SpecConfig
 CANDIDATE_TOPK_STEPS: Mapping[int, tuple[int, ...]] = {1: (1, 2, 3, 4, 5, 6), 2: (1, 2, 3, 4, 5, 6), 4: (1, 2, 3)}
 
 
-def candidate_shapes() -> list[SpecConfig]:
-    return [SpecConfig(s, k) for k, steps in CANDIDATE_TOPK_STEPS.items() for s in steps]
+def candidate_shapes(num_draft_tokens: int | None = None) -> list[SpecConfig]:
+    """The grid, each shape verifying its default node count, or ``num_draft_tokens`` where given
+    (and the tree holds that many)."""
+    shapes = []
+    for k, steps in CANDIDATE_TOPK_STEPS.items():
+        for s in steps:
+            n = num_draft_tokens or default_draft_tokens(s, k)
+            if 2 <= n <= max_draft_tokens(s, k) and (k > 1 or n == s + 1):
+                shapes.append(SpecConfig(s, k, n))
+    return shapes
 
 
 @dataclass(frozen=True)
 class AutoSpec:
     """``--spec-config auto``: the shape is chosen by measurement (``runtime.autospec``); a
-    field given here is kept and the others are chosen around it."""
+    field given here is kept and the others are chosen around it. A request no shape can meet
+    (``--topk 1 --num-draft-tokens 9`` with ``--num-steps 2``) is refused here, before a model loads."""
 
     num_steps: int | None = None
     topk: int | None = None
@@ -43,8 +52,7 @@ class AutoSpec:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.num_steps is not None and self.topk is not None:
-            self.static()  # a full shape is checked at once (e.g. too many draft tokens for the tree)
+        self.static()  # raises if no shape has the fields given
 
     @property
     def complete(self) -> bool:
@@ -52,10 +60,22 @@ class AutoSpec:
         return self.num_steps is not None and self.topk is not None
 
     def static(self) -> SpecConfig:
-        """The fields given over the static default ``SpecConfig()``."""
+        """The fields given over the static default ``SpecConfig()``; where that shape cannot verify
+        the draft tokens given, the nearest depth (then branching) that can."""
         d = SpecConfig()
-        return SpecConfig(d.num_steps if self.num_steps is None else self.num_steps,
-                          d.topk if self.topk is None else self.topk, cast(int, self.num_draft_tokens))
+        steps = [self.num_steps] if self.num_steps is not None else sorted(
+            range(1, 17), key=lambda s: (abs(s - d.num_steps), s))
+        topks = [self.topk] if self.topk is not None else [d.topk, 1, 4, 3, *range(5, 9)]
+        for k in topks:
+            for s in steps:
+                try:
+                    return SpecConfig(s, k, cast(int, self.num_draft_tokens))
+                except ValueError as e:
+                    error = e
+        if self.num_steps is not None and self.topk is not None:
+            raise error
+        raise ValueError(f"no draft shape has {self.fields()}: num_draft_tokens must be in [2, "
+                         "1 + topk + (num_steps-1)*topk^2] (a chain: num_steps + 1)")
 
     def admits(self, shape: SpecConfig) -> bool:
         return all(want is None or want == got for want, got in (
@@ -95,15 +115,26 @@ class CycleCosts:
     shapes: Mapping[str, ShapeCost]  # by shape_key
     extend_ms_by_tokens: Mapping[int, float]  # draft re-extend over T (target hidden, token) pairs
 
+    def shape_cost(self, shape: SpecConfig) -> ShapeCost | None:
+        """The measured cost of ``shape``; for a node count not measured, the same depth and
+        branching's draft and bookkeeping with the verify cost interpolated by tokens verified
+        (a verify's cost is a function of its node count)."""
+        if (cost := self.shapes.get(shape_key(shape))) is not None:
+            return cost
+        base = self.shapes.get(shape_key(SpecConfig(shape.num_steps, shape.topk)))
+        if base is None:
+            return None
+        return ShapeCost(base.draft_ms, _interpolate(self.verify_ms_by_tokens(), shape.num_draft_tokens), base.other_ms)
+
+    def verify_ms_by_tokens(self) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for key, c in self.shapes.items():
+            by.setdefault(int(key.split("/")[2]), []).append(c.verify_ms)
+        return {n: sorted(v)[len(v) // 2] for n, v in sorted(by.items())}
+
     def extend_ms(self, tokens: float) -> float:
         """Linear interpolation (and extrapolation from the last two) over the measured counts."""
-        pts = sorted(self.extend_ms_by_tokens.items())
-        if len(pts) == 1:
-            return pts[0][1]
-        for (t0, m0), (t1, m1) in zip(pts, pts[1:], strict=False):
-            if tokens <= t1 or (t1, m1) == pts[-1]:
-                return m0 + (m1 - m0) * (tokens - t0) / (t1 - t0)
-        return pts[-1][1]
+        return _interpolate(self.extend_ms_by_tokens, tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {"baseline_ms": self.baseline_ms,
@@ -115,6 +146,19 @@ class CycleCosts:
     def from_dict(cls, d: Mapping[str, Any]) -> CycleCosts:
         return cls(float(d["baseline_ms"]), {k: ShapeCost(**v) for k, v in d["shapes"].items()},
                    {int(k): float(v) for k, v in d["extend_ms_by_tokens"].items()})
+
+
+def _interpolate(points: Mapping[int, float], x: float) -> float:
+    """Piecewise linear through ``points`` (extrapolated from the nearest two at either end)."""
+    pts = sorted(points.items())
+    if not pts:
+        raise ValueError("nothing measured to interpolate")
+    if len(pts) == 1:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        if x <= x1 or (x1, y1) == pts[-1]:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]
 
 
 def shape_key(shape: SpecConfig) -> str:
@@ -130,6 +174,8 @@ class AcceptanceTable:
 
     per_position: Mapping[int, Sequence[float]]  # topk -> a_1..a_depth
     source: str = ""  # where it came from, in words
+    measured_dtype: str | None = None  # the format it was measured in
+    measured_weights: str | None = None
 
     def covers(self, shape: SpecConfig) -> bool:
         return shape.topk in self.per_position and shape.max_depth <= len(self.per_position[shape.topk])
@@ -147,7 +193,7 @@ class AcceptanceTable:
                 prev = min(prev, a * f, 1.0)
                 row.append(prev)
             out[k] = row
-        return AcceptanceTable(out, self.source)
+        return AcceptanceTable(out, self.source, self.measured_dtype, self.measured_weights)
 
 
 @dataclass
@@ -167,7 +213,7 @@ class Prediction:
 
 def predict(shape: SpecConfig, acceptance: AcceptanceTable, costs: CycleCosts) -> Prediction | None:
     """The shape's predicted speed, or None where acceptance or costs were not measured for it."""
-    cost = costs.shapes.get(shape_key(shape))
+    cost = costs.shape_cost(shape)
     if cost is None or not acceptance.covers(shape):
         return None
     length = acceptance.accept_length(shape)
@@ -230,5 +276,3 @@ class AdaptiveShape:
     def adapted(self) -> AcceptanceTable:
         return self.acceptance.rescaled(self.factor())
 
-
-ShapePolicy = Callable[[SpecConfig, int], SpecConfig]  # (shape just run, accepted draft tokens) -> next shape

@@ -12,8 +12,9 @@ ms fp32, at +0.18% held-out perplexity. So:
   is bf16, the device is a CPU (the 4-bit kernel is aten's CPU one) and there is no tensor
   parallelism (no 4-bit sharded path); else the weights in the compute dtype (``native``).
 
-An explicit ``--dtype`` or ``--weights`` is kept and the other is chosen around it; a dtype of
-float32 asked for keeps native weights (the exact reference ``check`` is about).
+An explicit ``--weights`` is kept and the dtype chosen around it. An explicit ``--dtype`` keeps
+native weights (``--dtype bfloat16`` means what it always meant: bf16 native; ``--dtype float32``
+the exact reference ``check`` is about); ``--weights q4`` asks for the 4-bit blocks.
 """
 
 from __future__ import annotations
@@ -66,11 +67,15 @@ def resolve_format(dtype: str, weights: str, source: Path, device: torch.device,
     if dtype != AUTO and weights != AUTO:
         return FormatChoice(dtype, weights, "as asked")
     reasons = []
+    dtype_asked = dtype != AUTO
     if dtype == AUTO:
         ok, why = fast_bf16(device, cpu_flags)
         dtype = "bfloat16" if ok else "float32"
         reasons.append(f"{dtype}: {why}")
-    if weights == AUTO:
+    if weights == AUTO and dtype_asked:
+        weights, why = "native", f"--dtype {dtype} given (add --weights q4 or int8 for reduced weights)"
+        reasons.append(f"{weights} weights: {why}")
+    elif weights == AUTO:
         weights, why = _weights(dtype, source, device, world_size)
         reasons.append(f"{weights} weights: {why}")
     return FormatChoice(dtype, weights, "; ".join(reasons))
@@ -80,7 +85,7 @@ def _weights(dtype: str, source: Path, device: torch.device, world_size: int) ->
     if source.suffix.lower() != ".gguf":
         return "native", "not a GGUF file (its 4-bit blocks are what q4 runs)"
     if dtype not in ("bfloat16", "bf16"):
-        return "native", f"{dtype} compute keeps the file's weights exact (q4 is for bf16 compute)"
+        return "native", f"{dtype} compute (no fast bf16 here) with the file's weights as they are"
     if device.type != "cpu":
         return "native", f"the 4-bit kernel is CPU-only (device {device})"
     if world_size > 1:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +61,9 @@ class SpecChoice:
     config: SpecConfig
     how: str  # auto (measured) | flags (every field given) | static (SpecConfig() under the flags) | fallback
     reason: str
+    # auto only: every shape is predicted slower than plain decoding (the factory then decodes plain
+    # unless the caller insists on speculation: a bench method named eagle3, shape flags)
+    plain_is_faster: bool = False
     prediction: Prediction | None = None
     baseline_ms: float | None = None
     costs_source: str | None = None  # "measured in 4.1 s, cached in PATH" | "cached PATH"
@@ -80,7 +85,8 @@ class SpecChoice:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"how": self.how, "reason": self.reason, "num_steps": self.config.num_steps,
-                               "topk": self.config.topk, "num_draft_tokens": self.config.num_draft_tokens}
+                               "topk": self.config.topk, "num_draft_tokens": self.config.num_draft_tokens,
+                               "plain_is_faster": self.plain_is_faster}
         if self.prediction is not None:
             out |= {"predicted_accept_length": round(self.prediction.accept_length, 3),
                     "predicted_tok_per_s": round(self.prediction.tok_per_s, 1),
@@ -96,8 +102,10 @@ class SpecChoice:
         if self.prediction is None:
             return f"speculative shape {shape} ({self.how}: {self.reason})"
         p = self.prediction
-        return (f"speculative shape {shape} (auto: predicted {p.speedup:.2f}x plain decoding, accept length "
-                f"{p.accept_length:.2f}; costs {self.costs_source}; acceptance {self.acceptance_source})")
+        head = (f"plain decoding (auto: the best speculative shape, {shape}, is predicted at {p.speedup:.2f}x"
+                if self.plain_is_faster else f"speculative shape {shape} (auto: predicted {p.speedup:.2f}x plain "
+                f"decoding, accept length {p.accept_length:.2f}")
+        return f"{head}; costs {self.costs_source}; acceptance {self.acceptance_source})"
 
 
 def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
@@ -109,7 +117,7 @@ def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
     m = data.get("measured", {})
     source = (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} ({m.get('samples', '?')} held-out answers, "
               f"{m.get('dtype', '?')}/{m.get('weights', '?')})")
-    return AcceptanceTable(data["per_position_accept"], source)
+    return AcceptanceTable(data["per_position_accept"], source, m.get("dtype"), m.get("weights"))
 
 
 def _code_digest() -> str:
@@ -131,7 +139,9 @@ def costs_key(session: Session, drafter: torch.nn.Module, drafter_path: str) -> 
         "model": file_fingerprint(src) if src.is_file() else file_hash(src / "config.json"),
         "dtype": session.config.dtype, "weights": session.config.weights,
         "kernel_plan": hashlib.sha256(json.dumps(session.kernels.choices, sort_keys=True).encode()).hexdigest()[:16],
-        "drafter": file_hash(drafter_path) if drafter_path and Path(drafter_path).exists() else drafter_path,
+        # the weights and config only: a new acceptance.json or README does not change what a cycle costs
+        "drafter": [file_hash(Path(drafter_path) / f) for f in ("config.json", "model.safetensors")]
+        if drafter_path and Path(drafter_path).is_dir() else drafter_path,
         "drafter_dtype": str(next(drafter.parameters()).dtype),
         "specdecode": __version__, "core_code": _code_digest(), "shapes": [str(s) for s in candidate_shapes()],
         "tensor_parallel": session.world_size,
@@ -162,10 +172,10 @@ def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
     costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "costs": costs.to_dict(), "seconds": round(seconds, 2)}, indent=1,
-                              default=str))
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".tmp", dir=path.parent)  # two processes may measure at once
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": key, "costs": costs.to_dict(), "seconds": round(seconds, 2)}, f, indent=1, default=str)
+    os.replace(tmp, path)
     return costs, f"measured in {seconds:.1f} s, cached in {path}", seconds
 
 
@@ -186,7 +196,7 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
         return SpecChoice(request.static(), "fallback",
                           f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter "
                           "--acceptance-table`): SpecConfig() under the flags given")
-    shapes = [s for s in candidate_shapes() if request.admits(s) and table.covers(s)]
+    shapes = [s for s in candidate_shapes(request.num_draft_tokens) if request.admits(s) and table.covers(s)]
     if not shapes:
         return SpecChoice(request.static(), "fallback",
                           f"no measured candidate shape has {request.fields()}: SpecConfig() under the flags given")
@@ -195,7 +205,15 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
     if not ranked:
         return SpecChoice(request.static(), "fallback", "no candidate could be predicted")
     best = ranked[0]
-    return SpecChoice(best.shape, "auto", "the highest predicted tok/s among the candidates", best,
+    reason = "the highest predicted tok/s among the candidates"
+    plain = best.speedup < 1 and not request.fields()
+    if best.speedup < 1:
+        reason += f"; even it is predicted at {best.speedup:.2f}x plain decoding on this machine and format"
+    measured_in = (table.measured_dtype, table.measured_weights)
+    if None not in measured_in and measured_in != (session.config.dtype, session.config.weights):
+        reason += (f"; the acceptance table was measured in {'/'.join(map(str, measured_in))}, this run is "
+                   f"{session.config.dtype}/{session.config.weights}")
+    return SpecChoice(best.shape, "auto", reason, plain, best,
                       costs.baseline_ms, source, table.source, measured, time.perf_counter() - t0,
                       [p.to_dict() for p in ranked], shapes, table, costs)
 

@@ -34,6 +34,9 @@ class DecoderSpec:
     aux_layer_convention: Convention | None = None
     sync: bool = True  # CUDA: synchronize at phase boundaries (honest phase times)
     adapt: bool = False  # re-choose the shape while decoding from the request's own acceptance (auto only)
+    # auto may decode plain where every shape is predicted slower; False insists on speculation
+    # (a bench method named eagle3 measures speculation, whatever the prediction)
+    allow_plain: bool = True
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Decoder:
     drafter_path: str | None = None
     config: SpecConfig | None = None  # None for the baseline
     choice: SpecChoice | None = None  # how the shape was chosen (None for the baseline)
+    notes: list[str] = field(default_factory=list)  # what was asked for and does not apply, said to the user
 
     @property
     def is_speculative(self) -> bool:
@@ -77,10 +81,17 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
         # the drafter's layers get kernels measured on their own shapes, as the target's did
         install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
     choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log)
+    if choice.plain_is_faster and spec.allow_plain:
+        return Decoder(baseline_decode, "baseline (auto: no speculative shape is predicted faster here)",
+                       choice=choice)
     c = choice.config
     desc = f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens})"
     adapt = choice.adaptive() if spec.adapt else None
+    notes = []
     if adapt is not None:
         desc = desc[:-1] + ", adaptive)"
+    elif spec.adapt:
+        notes.append(f"--adapt needs a shape chosen by --spec-config auto (this one: {choice.how}, {choice.reason}); "
+                     "the shape stays fixed")
     return Decoder(Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt), desc, path, c,
-                   choice)
+                   choice, notes)

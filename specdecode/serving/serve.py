@@ -53,6 +53,11 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
     log.info("format: %s, %s weights (%s)", session.config.dtype, session.config.weights, session.format_reason)
     if decoder.choice is not None:
         log.info("%s", decoder.choice.summary())
+    for note in decoder.notes:
+        log.warning("%s", note)
+    if getattr(decoder.decode, "adapt", None) is not None and ranks == 1:
+        log.warning("--adapt: continuous batching decodes every request with the first shape (%s); the shape is "
+                    "re-chosen per request only when decoding one request at a time", decoder.description)
     log.info("serving %s as '%s' with %s, %s, %d threads%s", loaded.source, name, decoder.description,
              session.config.dtype, session.threads,
              f", tensor parallel over {ranks} ranks, one request at a time" if ranks > 1 else "")

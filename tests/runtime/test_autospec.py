@@ -87,3 +87,34 @@ def test_the_factory_decodes_with_the_choice_and_adapts_on_request(setup):
     adaptive = build_decoder(DecoderSpec(drafter=path, adapt=True), session)
     assert adaptive.decode.adapt is not None and "adaptive" in adaptive.description
     assert adaptive.decode.max_depth == max(s.max_depth for s in candidate_shapes())
+
+
+def write_costs(session, drafter, path, verify_per_token):
+    """A cost table in the cache, as if measured: a verify costing 10 ms + verify_per_token per extra node."""
+    from specdecode.core.costmodel import CycleCosts, ShapeCost, shape_key
+    from specdecode.runtime.autospec import costs_key, costs_path
+
+    costs = CycleCosts(10.0, {shape_key(s): ShapeCost(0.5 * (s.num_steps - 1) * s.topk,
+                                                      10.0 + verify_per_token * (s.num_draft_tokens - 1), 0.3)
+                              for s in candidate_shapes()}, {1: 0.8, 7: 2.0})
+    target = costs_path(costs_key(session, drafter, path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"costs": costs.to_dict()}))
+    return costs
+
+
+def test_the_choice_is_the_cost_models_best_and_follows_the_costs(setup):
+    from specdecode.core.costmodel import AcceptanceTable, best_shape
+
+    session, drafter, path = setup
+    table = AcceptanceTable(TABLE)
+    cheap = write_costs(session, drafter, path, verify_per_token=0.05)
+    deep = choose_spec(AutoSpec(), session, drafter, path)
+    assert deep.costs_source.startswith("cached")
+    assert deep.config == best_shape(candidate_shapes(), table, cheap)[0].shape
+    dear = write_costs(session, drafter, path, verify_per_token=5.0)
+    shallow = choose_spec(AutoSpec(), session, drafter, path)
+    assert shallow.config == best_shape(candidate_shapes(), table, dear)[0].shape
+    assert shallow.config.num_draft_tokens < deep.config.num_draft_tokens  # a dear verify verifies fewer nodes
+    given = choose_spec(AutoSpec(num_draft_tokens=8), session, drafter, path)  # a node count no default shape has
+    assert given.how == "auto" and given.config.num_draft_tokens == 8

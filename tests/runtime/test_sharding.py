@@ -77,7 +77,8 @@ def test_generate_tp2_equals_tp1_with_and_without_speculation():
     outputs = {}
     for tp in ("1", "2"):
         for spec in ("--no-spec", "--profile"):
-            out = specdecode("generate", prompt, "--json", "--max-new-tokens", "32", "--tp", tp, spec)
+            out = specdecode("generate", prompt, "--json", "--max-new-tokens", "32", "--tp", tp, spec,
+                             "--dtype", "float32")  # exact: the default format differs between --tp 1 and 2
             record = json.loads(out.stdout.strip().splitlines()[-1])
             outputs[tp, spec] = record["token_ids"]
             if tp == "2":
@@ -86,6 +87,9 @@ def test_generate_tp2_equals_tp1_with_and_without_speculation():
                     assert "All-reduce (TP)" in out.stderr and record["phases"]["allreduce"]["ms_per_cycle"] > 0
     assert outputs["1", "--no-spec"] == outputs["2", "--no-spec"] == outputs["1", "--profile"] == \
         outputs["2", "--profile"]
+    default = json.loads(specdecode("generate", "hi", "--json", "--max-new-tokens", "2", "--tp", "2",
+                                    "--no-spec").stdout.strip().splitlines()[-1])
+    assert default["weights"] == "native" and "tensor parallelism" in default["format_reason"]  # no 4-bit TP path
     bad = specdecode("generate", "hi", "--tp", "4", check=False)
     assert bad.returncode != 0 and "3 KV heads" in bad.stderr
 
