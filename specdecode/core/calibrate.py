@@ -14,6 +14,7 @@ import torch
 from specdecode.core.costmodel import CycleCosts, ShapeCost, shape_key
 from specdecode.core.engine import baseline_decode
 from specdecode.core.model import Transformer
+from specdecode.core.profiler import CycleRecord
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import Drafter, SpecConfig, eagle3_decode, extend_draft
 
@@ -36,15 +37,15 @@ def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: i
     return times
 
 
-def shape_cost(target: Transformer, drafter: Drafter, shape: SpecConfig, prompt_ids: Sequence[int],
-               cycles: int, warmup: int = 1) -> ShapeCost:
-    """Median phase times over ``cycles`` real cycles of ``shape`` (greedy) after ``warmup``."""
+def shape_cycles(target: Transformer, drafter: Drafter, shape: SpecConfig, prompt_ids: Sequence[int],
+                 cycles: int, warmup: int = 1) -> list[CycleRecord]:
+    """``cycles`` real cycles of ``shape`` (greedy) after ``warmup``."""
     budget = (cycles + warmup + 1) * (shape.max_depth + 1) + 1
     steps = eagle3_decode(target, drafter, prompt_ids, budget, SamplingParams(), None, shape)  # phases synced on CUDA
     records = [s.cycle for s in islice(steps, 1, cycles + warmup + 1) if s.cycle is not None][warmup:]
     if not records:
         raise RuntimeError(f"no speculative cycle ran for shape {shape_key(shape)}")
-    return ShapeCost(*(_median_ms([r.times.get(p, 0.0) for r in records]) for p in ("draft", "verify", "other")))
+    return records
 
 
 @torch.inference_mode()
@@ -88,17 +89,38 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
     runs them (the same loop, cache and kernels), after ``prompt_ids``. Medians of ``cycles``
     cycles per shape (after one warm-up): measured on a 2-core Xeon at q4 weights, 10 cycles took
     13.7 s for the 15 candidates, 8 took 11.3 s; 6 keep the first run under 10 s."""
-    # The plain step is timed in segments between the shapes (every BASELINE_EVERY), not once:
-    # measured on a 2-core Xeon, one block of steps right after load read 30 ms against 17 ms
-    # later in the same process, which doubled every predicted speedup.
-    base: list[float] = []
-    costs = {}
+    # Plain steps are timed in segments between the shapes (every BASELINE_EVERY) and each shape's
+    # speedup is taken against the segments on either side of it: measured on a 2-core Xeon, one
+    # block of plain steps right after load read 30 ms against 17 ms later in the same process.
+    segments: list[list[float]] = []
+    records: dict[str, list[CycleRecord]] = {}
     for i, shape in enumerate(shapes):
         if i % BASELINE_EVERY == 0:
-            base += baseline_step_times(target, prompt_ids, steps=cycles)
+            segments.append(baseline_step_times(target, prompt_ids, steps=cycles))
         if on_shape:
             on_shape(shape_key(shape))
-        costs[shape_key(shape)] = shape_cost(target, drafter, shape, prompt_ids, cycles)
-    base += baseline_step_times(target, prompt_ids, steps=cycles)
+        records[shape_key(shape)] = shape_cycles(target, drafter, shape, prompt_ids, cycles)
+    segments.append(baseline_step_times(target, prompt_ids, steps=cycles))
+    costs = {}
+    for i, shape in enumerate(shapes):
+        rs = records[shape_key(shape)]
+        near = segments[i // BASELINE_EVERY] + segments[i // BASELINE_EVERY + 1]
+        draft, verify, other = (_median_ms([r.times.get(p, 0.0) for r in rs]) for p in ("draft", "verify", "other"))
+        costs[shape_key(shape)] = ShapeCost(draft, verify, other, _median_ms(near))
     deepest = max(s.max_depth for s in shapes) + 1
-    return CycleCosts(_median_ms(base), costs, extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), cycles))
+    isolated = extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), cycles)
+    return CycleCosts(_median_ms([t for seg in segments for t in seg]), costs,
+                      in_loop_extend(isolated, [r for rs in records.values() for r in rs]))
+
+
+def in_loop_extend(isolated: dict[int, float], records: Sequence[CycleRecord], least: int = 3) -> dict[int, float]:
+    """The re-extend's cost by tokens as the loop pays it: the cycles' own extend phase (T = accepted
+    + 1 tokens) where at least ``least`` cycles had that T, else the isolated timing plus the median
+    gap between the two. Measured on a 2-core Xeon: 3.7 ms in the loop against 1.6 ms isolated for
+    one token (after the target's verify the draft's weights are no longer in cache)."""
+    by: dict[int, list[float]] = {}
+    for r in records:
+        by.setdefault(r.accepted + 1, []).append(r.times.get("extend", 0.0))
+    loop = {t: _median_ms(v) for t, v in by.items() if len(v) >= least and t in isolated}
+    gap = statistics.median([loop[t] - isolated[t] for t in loop]) if loop else 0.0
+    return {t: loop.get(t, ms + gap) for t, ms in isolated.items()}

@@ -105,6 +105,9 @@ class ShapeCost:
     draft_ms: float
     verify_ms: float
     other_ms: float
+    # plain decoding's step timed next to this shape (the machine's speed drifts; measured on a
+    # 2-core Xeon, blocks of plain steps 2 minutes apart read 17 and 30 ms): the speedup's reference
+    baseline_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ class CycleCosts:
         base = self.shapes.get(shape_key(SpecConfig(shape.num_steps, shape.topk)))
         if base is None:
             return None
-        return ShapeCost(base.draft_ms, _interpolate(self.verify_ms_by_tokens(), shape.num_draft_tokens), base.other_ms)
+        return ShapeCost(base.draft_ms, _interpolate(self.verify_ms_by_tokens(), shape.num_draft_tokens), base.other_ms,
+                         base.baseline_ms)
 
     def verify_ms_by_tokens(self) -> dict[int, float]:
         by: dict[int, list[float]] = {}
@@ -138,8 +142,8 @@ class CycleCosts:
 
     def to_dict(self) -> dict[str, Any]:
         return {"baseline_ms": self.baseline_ms,
-                "shapes": {k: {"draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "other_ms": c.other_ms}
-                           for k, c in self.shapes.items()},
+                "shapes": {k: {"draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "other_ms": c.other_ms,
+                               "baseline_ms": c.baseline_ms} for k, c in self.shapes.items()},
                 "extend_ms_by_tokens": {str(k): v for k, v in self.extend_ms_by_tokens.items()}}
 
     @classmethod
@@ -218,13 +222,16 @@ def predict(shape: SpecConfig, acceptance: AcceptanceTable, costs: CycleCosts) -
         return None
     length = acceptance.accept_length(shape)
     cycle = cost.draft_ms + cost.verify_ms + cost.other_ms + costs.extend_ms(length)
-    return Prediction(shape, length, cycle, 1000 * length / cycle, predicted_speedup(length, cycle, costs.baseline_ms))
+    base = cost.baseline_ms or costs.baseline_ms
+    return Prediction(shape, length, cycle, 1000 * length / cycle, predicted_speedup(length, cycle, base))
 
 
 def best_shape(shapes: Iterable[SpecConfig], acceptance: AcceptanceTable, costs: CycleCosts) -> list[Prediction]:
-    """Every predictable shape's prediction, fastest first (ties: the cheaper verify)."""
+    """Every predictable shape's prediction, fastest first: by predicted speedup over the plain
+    step timed next to it, which a drift of the machine's speed between shapes leaves alone (ties:
+    the cheaper verify)."""
     preds = [p for p in (predict(s, acceptance, costs) for s in shapes) if p is not None]
-    return sorted(preds, key=lambda p: (-p.tok_per_s, p.shape.num_draft_tokens, p.shape.num_steps))
+    return sorted(preds, key=lambda p: (-p.speedup, p.shape.num_draft_tokens, p.shape.num_steps))
 
 
 @dataclass

@@ -114,3 +114,23 @@ def test_sampling_with_a_changing_shape_matches_the_seeded_baseline():
                                 policy=EveryCycle(shapes)))
     base = tokens(baseline_decode(target, prompt, 40, params, torch.Generator().manual_seed(7)))
     assert spec[:40] == base
+
+
+def test_extend_is_priced_as_the_loop_pays_it():
+    from specdecode.core.calibrate import in_loop_extend
+    from specdecode.core.profiler import CycleRecord
+
+    isolated = {1: 1.0, 2: 1.2, 3: 1.4}
+    loop = [CycleRecord(2, a, {"extend": s}) for a, s in [(0, 0.003)] * 4 + [(1, 0.0034)] * 3 + [(2, 0.009)]]
+    got = in_loop_extend(isolated, loop)
+    assert got[1] == pytest.approx(3.0) and got[2] == pytest.approx(3.4)  # the cycles' own medians
+    assert got[3] == pytest.approx(1.4 + 2.1)  # one cycle only: isolated + the median gap (2.0, 2.2)
+
+
+def test_speedup_is_taken_against_the_plain_step_timed_next_to_the_shape():
+    table = AcceptanceTable({1: [0.5, 0.2, 0.1, 0.0, 0.0, 0.0]})
+    c = costs()
+    slow_base = CycleCosts(c.baseline_ms, {k: ShapeCost(v.draft_ms, v.verify_ms, v.other_ms, 2 * c.baseline_ms)
+                                          for k, v in c.shapes.items()}, c.extend_ms_by_tokens)
+    shape = SpecConfig(1, 1)
+    assert predict(shape, table, slow_base).speedup == pytest.approx(2 * predict(shape, table, c).speedup)
