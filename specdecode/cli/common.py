@@ -68,7 +68,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "the model is the default SmolLM2, else none")
     g.add_argument("--no-spec", action="store_true", help="plain decoding (the baseline), even with a drafter")
     g.add_argument("--spec-config", choices=SPEC_MODES, default="auto",
-                   help="auto (default): the shape (steps, top-k, draft tokens) with the highest predicted tok/s, "
+                   help="auto (default): the shape (steps, top-k, draft tokens) with the highest predicted speedup, "
                         "from this machine's measured cycle costs (measured once, a few seconds, cached in "
                         "$SPECDECODE_CACHE/spec-costs) and the drafter's shipped acceptance table; the flags "
                         f"below are kept and the rest chosen. static: {d.num_steps} steps, top-{d.topk}, "

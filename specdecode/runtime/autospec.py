@@ -7,7 +7,7 @@ format, kernel plan, drafter file and engine code, about 2-10 s, then cached in
 ``$SPECDECODE_CACHE/spec-costs/`` beside the kernel plans), and how often the drafter's
 proposals are accepted at each draft position (``acceptance.json`` shipped with the drafter,
 measured by ``eval-drafter --acceptance-table`` on held-out answers). The shape with the highest
-predicted tokens per second wins. Flags given (``--num-steps``, ``--topk``,
+predicted speedup over plain decoding (timed beside it) wins. Flags given (``--num-steps``, ``--topk``,
 ``--num-draft-tokens``) are kept and the rest chosen around them; steps and top-k given leave
 nothing to choose, and ``--spec-config static`` takes ``SpecConfig()`` under the flags. A drafter
 without an acceptance table (a foreign or random one) gets ``SpecConfig()`` too, and the choice
@@ -205,7 +205,7 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
     if not ranked:
         return SpecChoice(request.static(), "fallback", "no candidate could be predicted")
     best = ranked[0]
-    reason = "the highest predicted tok/s among the candidates"
+    reason = "the highest predicted speedup over plain decoding among the candidates"
     plain = best.speedup < 1 and not request.fields()
     if best.speedup < 1:
         reason += f"; even it is predicted at {best.speedup:.2f}x plain decoding on this machine and format"
