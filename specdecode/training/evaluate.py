@@ -84,6 +84,16 @@ class EvalDrafterConfig:
     max_len: int = 768
 
 
+def greedy_heldout(ds: DataSet, max_len: int, samples: int, purpose: str) -> list[dict]:
+    """The first ``samples`` greedy held-out samples with an answer inside ``max_len`` (an empty
+    answer leaves the engine nothing to generate)."""
+    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"
+            and min(r["loss_ranges"][0][1], max_len) > r["loss_ranges"][0][0]][:samples]
+    if not rows:
+        raise ValueError(f"{ds.root}: no greedy held-out samples to {purpose}")
+    return rows
+
+
 def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     """Held-out acceptance two ways on the same greedy samples: simulated from the
     training-time test (what the trainer reports) and measured by the engine (chain of
@@ -93,11 +103,7 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     from specdecode.io.checkpoints import load_drafter
 
     ds = DataSet(cfg.data)
-    # greedy samples with an answer inside max_len (an empty answer leaves the engine nothing to generate)
-    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"
-            and min(r["loss_ranges"][0][1], cfg.max_len) > r["loss_ranges"][0][0]][:cfg.samples]
-    if not rows:
-        raise ValueError(f"{cfg.data}: no greedy held-out samples to evaluate on")
+    rows = greedy_heldout(ds, cfg.max_len, cfg.samples, "evaluate on")
     tokens_mm = ds.tokens()
     target = session.loaded.model
     drafter = load_drafter(cfg.drafter, target)
@@ -155,10 +161,7 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
     from specdecode.io.checkpoints import load_drafter, write_acceptance
 
     ds = DataSet(cfg.data)
-    rows = [r for r in ds.samples("heldout") if r.get("mode", "greedy") == "greedy"
-            and min(r["loss_ranges"][0][1], cfg.max_len) > r["loss_ranges"][0][0]][:cfg.samples]
-    if not rows:
-        raise ValueError(f"{cfg.data}: no greedy held-out samples to measure acceptance on")
+    rows = greedy_heldout(ds, cfg.max_len, cfg.samples, "measure acceptance on")
     tokens_mm = ds.tokens()
     target = session.loaded.model
     drafter = load_drafter(cfg.drafter, target)
