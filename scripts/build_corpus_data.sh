@@ -6,7 +6,8 @@
 # --sample and --seed; prompts already answered are skipped). Writes datasets/smollm2-135m-corpus-v3.
 # lm-sys__FastChat.jsonl is left out: those 78 prompts are Vicuna-bench's evaluation questions.
 # scripts/train_default_drafter.sh calls it with other sizes (OUT, SAMPLE, DEVICE, WEIGHTS,
-# BATCH_SIZE, MAX_NEW_TOKENS, HELDOUT_PERCENT, LIMIT) for its GPU variant and for its tests.
+# BATCH_SIZE, MAX_NEW_TOKENS, HELDOUT_PERCENT, LIMIT) for its GPU variant and for its tests (COMPILE=off there:
+# --compile auto compiles data build's steps, minutes of compiling that a tiny budget never pays back).
 # Drafter v4's data (issue 25): OUT=datasets/smollm2-135m-corpus-v4 SAMPLE=16000 CATEGORY_WEIGHTS=... (see
 # datasets/README.md; the directory starts as a copy of v3, whose answers are kept and never regenerated).
 set -euo pipefail
@@ -15,7 +16,7 @@ scripts/setup.sh
 PROMPTS=${PROMPTS:-../shared/data/prompts}
 mapfile -t FILES < <(ls "$PROMPTS"/*.jsonl "$PROMPTS"/long/*.jsonl | grep -v FastChat)
 .venv/bin/specdecode data build --out "${OUT:-datasets/smollm2-135m-corpus-v3}" --dtype bfloat16 \
-    --weights "${WEIGHTS:-q4}" --device "${DEVICE:-cpu}" --threads "${THREADS:-2}" \
+    --weights "${WEIGHTS:-q4}" --device "${DEVICE:-cpu}" --threads "${THREADS:-2}" --compile "${COMPILE:-auto}" \
     --batch-size "${BATCH_SIZE:-128}" --max-new-tokens "${MAX_NEW_TOKENS:-256}" --sample "${SAMPLE:-6000}" \
     --sampled-fraction 0 --seed 0 --heldout-percent "${HELDOUT_PERCENT:-5}" \
     ${LIMIT:+--limit "$LIMIT"} ${CATEGORY_WEIGHTS:+--category-weights "$CATEGORY_WEIGHTS"} --prompts "${FILES[@]}"

@@ -161,10 +161,12 @@ def git_commit() -> str | None:
 
 def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_paths=(),
             launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1,
-            weights: str = "native", kernels: dict | None = None) -> dict:
+            weights: str = "native", kernels: dict | None = None, compiled: str | None = None) -> dict:
     """Everything a tok/s figure depends on besides the code path chosen by the flags.
     ``tensor_parallel``: the ranks sharing the model (``Session.world_size``); ``weights``: the
-    weight format (``core.quant``); ``kernels``: the linear kernels installed (``core.kernels.KernelPlan``)."""
+    weight format (``core.quant``); ``kernels``: the linear kernels installed (``core.kernels.KernelPlan``);
+    ``compiled``: whether the target's steps run compiled, and why (``runtime.compiling``; a bench method's
+    ``compile=`` is recorded with its rows)."""
     import torch
 
     versions: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
@@ -179,6 +181,7 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
         "dtype": dtype,
         "weights": weights,
         "kernels": kernels,
+        "compiled": compiled,
         "device": device,
         "versions": versions,
         "torch_config": {"mkldnn": torch.backends.mkldnn.is_available(),
@@ -257,6 +260,7 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
         "dtype": (fp.get("dtype"), 3, "kernels and bytes moved per token"),
         "weight format": (fp.get("weights", "native"), 3, "kernels and bytes moved per token"),
         "linear kernels": (_kernel_choice(fp.get("kernels")), 2, "matmul kernel per weight shape and row count"),
+        "compiled steps": (fp.get("compiled"), 3, "compiled or eager decode/verify steps"),
         "device": (fp.get("device"), 3, "different hardware"),
         "torch threads": (fp.get("threads"), 3, "intra-op parallelism"),
         "tensor parallel size": (fp.get("tensor_parallel", 1), 3, "ranks sharing each layer (all-reduce per layer)"),

@@ -2,6 +2,8 @@
 the methods themselves. A method string is ``baseline``, ``hf``, ``llamacpp`` (llama.cpp on the
 same GGUF), ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
 ``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids);
+``baseline`` and ``eagle3`` take ``compile=on|off`` (compiled or eager steps for that method alone,
+whatever ``--compile`` says: both in one interleaved run);
 ``eagle3`` with no parameters is the shape ``generate`` decodes with (``--spec-config auto``: chosen
 by ``runtime.autospec``; the parameters given are kept, ``spec=static`` takes ``SpecConfig()`` under
 them). EAGLE-3 methods get their decoder from the one factory,
@@ -18,18 +20,21 @@ from typing import Any, Protocol
 
 import torch
 
+from specdecode.core.compiled import use_steps
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder
+from specdecode.core.model import StepRunner
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.autospec import SPEC_MODES, SpecChoice
+from specdecode.runtime.compiling import compiled_steps
 from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.device import synchronize
 from specdecode.runtime.session import Session
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
-EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt")
+EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "compile")
 
 
 @dataclass
@@ -56,8 +61,11 @@ class BaselineMethod:
     (or, given a decoder, any engine decoder: EAGLE-3 configurations)."""
 
     def __init__(self, name: str, loaded: LoadedModel, decoder: TokenDecoder | None = None,
-                 spec_config: SpecConfig | None = None, spec_choice: SpecChoice | None = None) -> None:
+                 spec_config: SpecConfig | None = None, spec_choice: SpecChoice | None = None,
+                 steps: StepRunner | None | str = "session") -> None:
         self.name = name
+        self.model = loaded.model
+        self.steps = steps  # the target's compiled steps for this method's runs; "session": as loaded
         self.spec_config = spec_config  # what an EAGLE-3 method measures (recorded with the run)
         self.spec_choice = spec_choice  # how that shape was chosen (runtime.autospec; recorded with the run)
         self.decoder = decoder
@@ -65,7 +73,11 @@ class BaselineMethod:
             loaded.model, loaded.tokenizer)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
+        if isinstance(self.steps, str):
+            r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
+        else:  # this method's compile=on|off, for the target and its drafter
+            with use_steps((self.model, getattr(self.decoder, "drafter", None)), self.steps):
+                r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
         stats = dict(r.stats)
         for policy in getattr(self.decoder, "policies", ()):  # an adaptive shape: when it changed, to what
             stats["shape_changes"] = [list(c) for c in getattr(policy, "changes", ())]
@@ -249,15 +261,32 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
                        adapt=params.get("adapt") == "1", allow_plain=False)
 
 
+def _method_steps(spec: str, params: dict[str, str], session: Session) -> StepRunner | None | str:
+    """A method's ``compile=on|off``: the session's compiled steps (made for it if it has none) or
+    eager; "session" when not given."""
+    value = params.get("compile")
+    if value is None:
+        return "session"
+    if value not in ("on", "off"):
+        raise ValueError(f"method {spec!r}: compile must be on or off")
+    if value == "off":
+        return None
+    if session.world_size > 1:
+        raise ValueError(f"method {spec!r}: compiled steps do not run under tensor parallelism")
+    return compiled_steps(session)
+
+
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
                  drafters: dict[str, Eagle3Drafter] | None = None) -> Method:
     """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
     ``served:url=URL[,model=NAME]``."""
     name, params = parse_method(spec)
-    if name in ("baseline", "hf", "llamacpp") and params:
-        raise ValueError(f"method {name!r} takes no parameters (got {params})")
+    if name in ("hf", "llamacpp") and params or name == "baseline" and set(params) - {"compile"}:
+        raise ValueError(f"method {name!r} takes no parameters{' but compile' if name == 'baseline' else ''} "
+                         f"(got {params})")
+    steps = _method_steps(spec, params, session) if name in ("baseline", "eagle3") else "session"
     if name == "baseline":
-        return BaselineMethod(spec, session.loaded)
+        return BaselineMethod(spec, session.loaded, steps=steps)
     if name == "hf":
         return HFMethod(spec, session.loaded, session.dtype, session.device)
     if name == "llamacpp":
@@ -266,7 +295,7 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
         if not decoder.is_speculative:
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
-        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice)
+        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice, steps)
     if name == "served":
         if "url" not in params or set(params) - {"url", "model"}:
             raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")

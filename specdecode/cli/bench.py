@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from specdecode.bench.harness import BenchConfig
-from specdecode.cli.common import add_model_args, add_store_args
+from specdecode.cli.common import add_model_args, add_store_args, compile_notice
 
 _D = BenchConfig()
 
@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default=_D.methods,
                    help="comma-separated methods; the first is the reference for speedups. Available: baseline, "
                         "hf (transformers generate), eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH], e.g. "
-                        "'baseline,eagle3:steps=2,topk=1,eagle3:steps=5,topk=4,draft_tokens=16'")
+                        "'baseline,eagle3:steps=2,topk=1,eagle3:steps=5,topk=4,draft_tokens=16'; baseline and eagle3 "
+                        "take compile=on|off (compiled or eager steps for that method alone, in the same run)")
     p.add_argument("--drafter", default=None, help="drafter for eagle3 methods (default: the shipped one)")
     p.add_argument("--prompts", default=None,
                    help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return run_remote(args, console)
     if args.concurrency is not None:
         return run_batched(args, concurrency, console)
-    session = start(runtime_config(args))
+    session = start(runtime_config(args), on_compile=compile_notice)
     bench = prepare_bench(bench_config(args), session)
     for w in profile_contradictions(bench.fingerprint):
         print(w, file=sys.stderr)
@@ -168,7 +169,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
     runtime = runtime_config(args)
 
     def load():
-        session = start(runtime)
+        session = start(runtime, on_compile=compile_notice)
         return session, build_decoder(DecoderSpec(drafter=args.drafter, allow_plain=False), session)
 
     # the model loads on a thread that ends: this thread then owns torch's only OpenMP team

@@ -4,8 +4,10 @@ configs the library takes (``RuntimeConfig``, ``DecoderSpec``, ``SpecConfig``, `
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from specdecode.core.compiled import COMPILE_MODES
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.quant import WEIGHT_FORMATS
@@ -43,6 +45,12 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                    help="linear-layer kernels: auto (each weight shape and row count gets the fastest kernel "
                         "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "
                         "or static (fixed rules: F.linear, int8 kernel up to 32 rows). Default: auto")
+    g.add_argument("--compile", default="auto", choices=COMPILE_MODES,
+                   help="decode and verify steps compiled (torch.compile: inductor with freezing and the C++ wrapper "
+                        "on CPU, CUDA graphs on CUDA), one graph per shape bucket, compiled on first use and cached "
+                        "in $SPECDECODE_CACHE/inductor: on, off (eager) or auto (on for serve and data build, which run "
+                        "for hours; generate, bench and sweep stay eager unless told: a graph costs 1-2 minutes to "
+                        "compile cold on a 2-core CPU, 20 s from the cache). Default: auto")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
@@ -110,9 +118,15 @@ def add_store_args(p: argparse.ArgumentParser, what: str = "the run", writes: bo
         p.add_argument("--no-store", action="store_true", help=f"do not append {what} to the results store")
 
 
+# the commands --compile auto compiles for (runtime.compiling): the ones that run for hours. bench and sweep
+# measure what they are told (--compile on, or a method's compile=on): a short bench would time the compiler.
+LONG_RUNNING = ("serve", "data")
+
+
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                         weights=args.weights, kernels=args.kernels)
+                         weights=args.weights, kernels=args.kernels, compile=getattr(args, "compile", "auto"),
+                         long_running=getattr(args, "command", None) in LONG_RUNNING)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig | AutoSpec:
@@ -138,3 +152,12 @@ def save_and_report(run: Any, store: Any, out: str | None, console: Any) -> None
 
     where = save_run(run, store, out)
     console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
+
+
+def compile_notice(key: object, seconds: float | None) -> None:
+    """``runtime.session.start``'s ``on_compile``: say on stderr when a graph compiles and how long it took."""
+    if seconds is None:
+        print(f"compiling a step graph ({key}); first use only, cached in $SPECDECODE_CACHE/inductor ...",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"compiled ({key}) in {seconds:.1f} s", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ from specdecode.cli.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    compile_notice,
     decoder_spec,
     runtime_config,
     sampling_params,
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     spec = decoder_spec(args)  # bad flags are refused before the model loads
     t0 = time.perf_counter()
-    session = start(runtime_config(args))
+    session = start(runtime_config(args), on_compile=compile_notice)
     load_s = time.perf_counter() - t0
     tok = session.loaded.tokenizer
     if args.raw:

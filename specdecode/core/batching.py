@@ -213,8 +213,8 @@ class BatchEngine:
             tpool = self.model.new_cache(self.config.slots, self.limit)
             dpool = None
             if self.drafting and self.drafter is not None and self.spec is not None:
-                # + the tree's scratch entries + one scratch slot for the padding of batched extends
-                extra = self.spec.num_steps * self.spec.topk + 2
+                # + the tree's scratch entries + one (padding of batched extends writes to the cache's scratch slot)
+                extra = self.spec.num_steps * self.spec.topk + 1
                 dpool = self.drafter.new_cache(self.limit + extra, self.config.slots)
             self._pools = tpool, dpool
 
@@ -458,7 +458,7 @@ class BatchEngine:
         t = torch.arange(T, device=device)
         starts = torch.tensor([r.dlength for r in rows], device=device)
         real = t[None, :] < torch.tensor(counts, device=device)[:, None]  # [n, T]
-        scratch = self.dpool.max_len - 1
+        scratch = self.dpool.max_len  # the cache's scratch slot
         slots = torch.where(real, starts[:, None] + t, scratch)
         positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
         span = int((starts + torch.tensor(counts, device=device)).max())
@@ -478,23 +478,16 @@ class BatchEngine:
 
     def _copy_row(self, src: int, dst: int) -> None:
         row = self.rows[src]
-        for pool, used in ((self.tpool, row.length), (self.dpool, row.dlength)):
-            if pool is not None and used:
-                pool.k[:, dst, :, :used] = pool.k[:, src, :, :used]
-                pool.v[:, dst, :, :used] = pool.v[:, src, :, :used]
+        self.tpool.copy_row(src, dst, row.length)
+        if self.dpool is not None:
+            self.dpool.copy_row(src, dst, row.dlength)
 
     def _swap(self, i: int, j: int) -> None:
         """Swap two rows (cache contents and bookkeeping)."""
         a, b = self.rows[i], self.rows[j]
-        for pool, used in ((self.tpool, (a.length, b.length)), (self.dpool, (a.dlength, b.dlength))):
-            if pool is None:
-                continue
-            la = used[0]
-            keep_k, keep_v = pool.k[:, i, :, :la].clone(), pool.v[:, i, :, :la].clone()
-            if used[1]:
-                pool.k[:, i, :, :used[1]] = pool.k[:, j, :, :used[1]]
-                pool.v[:, i, :, :used[1]] = pool.v[:, j, :, :used[1]]
-            pool.k[:, j, :, :la], pool.v[:, j, :, :la] = keep_k, keep_v
+        self.tpool.swap_rows(i, j, a.length, b.length)
+        if self.dpool is not None:
+            self.dpool.swap_rows(i, j, a.dlength, b.dlength)
         self.rows[i], self.rows[j] = b, a
 
     def _drop(self, i: int) -> None:

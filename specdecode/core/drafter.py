@@ -11,6 +11,7 @@ hidden state back (H wide, no ``fc``). The token embedding is the target's, shar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,11 +25,13 @@ from specdecode.core.model import (
     Linear,
     ModelConfig,
     RMSNorm,
+    StepRunner,
     Transformer,
     build_attention_mask,
     rope_cos_sin,
     rope_inv_freq,
     slot_attention_mask,
+    static_form,
 )
 
 
@@ -65,6 +68,7 @@ class DraftLayer(nn.Module):
 class Eagle3Drafter(nn.Module):
     d2t: Tensor  # [draft_vocab] offsets: target id = draft id + d2t[draft id] (buffer)
     t2d: Tensor  # [vocab] bool: target ids in the draft vocabulary (buffer)
+    steps: StepRunner | None = None  # compiled steps (shared with the target's); None: eager
 
     def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
@@ -93,7 +97,10 @@ class Eagle3Drafter(nn.Module):
         return self.fc.weight.dtype
 
     def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache:
-        return KVCache(self.config.layer, batch_size, max_len, self.dtype, self.device)
+        if self.steps is not None:  # bucket-sized, as the target's (Transformer.new_cache)
+            max_len = self.steps.capacity(max_len)
+        c = self.config.layer
+        return KVCache.allocate(1, batch_size, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
     def to_target_ids(self, draft_ids: Tensor) -> Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -103,8 +110,10 @@ class Eagle3Drafter(nn.Module):
         """One draft step for ``tokens`` [B, T] paired with ``hidden`` [B, T, 3*H_t] (fused
         target taps) or [B, T, H] (the draft's own output). Returns draft-vocab logits and
         the pre-norm output hidden state that the next step feeds back. ``slots``: per-row
-        cache slots with a [B, T, S] mask, as in ``Transformer.forward``."""
+        cache slots with a [B, T, S] mask, as in ``Transformer.forward`` (and, as there, calls of
+        few tokens run compiled when ``self.steps`` is set)."""
         B, T = tokens.shape
+        compiled = self.steps is not None and self.steps.serves(B, T)
         start: int | Tensor = cache.length
         mask: Tensor | None
         if slots is not None:
@@ -114,17 +123,30 @@ class Eagle3Drafter(nn.Module):
             raise ValueError(f"draft cache overflow: {cache.length + T} > {cache.max_len}")
         else:
             mask = build_attention_mask(attention_mask, T, cache.length, self.device)
+            if compiled:
+                start, mask = static_form(mask, B, T, cache.length, tokens.device)
         if positions.dim() == 1:
             positions = positions.expand(B, T)
+        if compiled:
+            assert self.steps is not None and isinstance(start, Tensor) and mask is not None
+            logits, h = self.steps.draft(self, tokens, hidden, positions, start, mask, cache)
+        else:
+            logits, h = self.step(tokens, hidden, positions, start, mask, cache.k, cache.v)
+        if slots is None:
+            cache.length += T
+        return logits, h
+
+    def step(self, tokens: Tensor, hidden: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
+             ks: Sequence[Tensor], vs: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        """The draft layer and head; with tensor ``start`` (slots) and a [B, 1, T, S] mask, the static-shape
+        step ``core.compiled`` compiles."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
         layer = self.midlayer
         x = torch.cat((layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(hidden)), dim=-1)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        h = hidden + layer.self_attn(x, cos, sin, cache.k[0], cache.v[0], start, mask)
+        h = hidden + layer.self_attn(x, cos, sin, ks[0], vs[0], start, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        if slots is None:
-            cache.length += T
         return self.lm_head(self.norm(h)), h
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward

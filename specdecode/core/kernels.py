@@ -25,7 +25,6 @@ are identical, fp32 ones differ in summation order only.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -45,7 +44,11 @@ _ONEDNN_DTYPES = (torch.bfloat16, torch.float32)
 
 def bucket_of(rows: int) -> int:
     """Index into ROW_BUCKETS of the choice that serves ``rows`` rows."""
-    return min(bisect_left(ROW_BUCKETS, rows), len(ROW_BUCKETS) - 1)
+    # a loop, not bisect: compiled steps trace through it (dynamo cannot trace C's bisect)
+    for i, bound in enumerate(ROW_BUCKETS):
+        if rows <= bound:
+            return i
+    return len(ROW_BUCKETS) - 1
 
 
 def onednn_usable(dtype: torch.dtype, device: torch.device) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,8 @@ class Linear(nn.Linear):
             kernel = "weight_left"
         else:
             kernel = "aten"
+        if kernel == "onednn" and torch.compiler.is_compiling():
+            kernel = "aten"  # a compiled step: inductor's freezing packs the weight itself
         return self.run_kernel(kernel, x2).view(*x.shape[:-1], w.shape[0])
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
@@ -177,42 +179,42 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
-class KVCache(nn.Module):
-    """Preallocated keys/values for every layer; ``length`` slots are valid.
+class KVCache:
+    """Preallocated keys/values: per layer one [B, kv_heads, max_len + 1, head_dim] tensor;
+    ``length`` slots are valid.
 
-    Storage is [layers, B, kv_heads, max_len, head_dim]. New tokens are appended at
-    ``length``; ``truncate`` rolls back and ``keep`` compacts chosen slots (the accepted
-    path of a draft tree) into a contiguous run.
+    New tokens are appended at ``length``; ``truncate`` rolls back and ``keep`` compacts chosen
+    slots (the accepted path of a draft tree) into a contiguous run. Slot ``max_len`` (the last)
+    is scratch: padding tokens of a bucketed step (``core.compiled``) write there, nothing reads it.
+    One tensor per layer, not one for all: a compiled step mutates each in place, while views of
+    one storage made inductor copy the whole cache around every step (measured: 28 ms vs 15 ms
+    per q4 decode step, SmolLM2, 2 threads).
     """
 
-    k: Tensor  # [layers, B, kv_heads, max_len, head_dim] buffers, registered in __init__
-    v: Tensor
-
-    def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device | str, num_kv_heads: int | None = None) -> None:
-        super().__init__()
-        shape = (config.num_layers, batch_size, num_kv_heads or config.num_kv_heads, max_len, config.head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.max_len = max_len
-        self.length = 0
+    def __init__(self, k: list[Tensor], v: list[Tensor], length: int = 0,
+                 parent: KVCache | None = None, row0: int = 0) -> None:
+        self.k, self.v = k, v
+        self.max_len = k[0].shape[2] - 1 if k else 0
+        self.length = length
+        self.parent, self.row0 = parent, row0  # rows(): the pool these rows belong to, and where
 
     @classmethod
-    def over(cls, k: Tensor, v: Tensor, length: int = 0) -> KVCache:
-        """A cache over existing storage (views of a pool's rows): no allocation; writes go
-        into the pool. Continuous batching gives each request such a view for its prefill
-        and its tree compaction."""
-        cache = cls.__new__(cls)
-        nn.Module.__init__(cache)
-        cache.register_buffer("k", k, persistent=False)
-        cache.register_buffer("v", v, persistent=False)
-        cache.max_len = k.shape[3]
-        cache.length = length
-        return cache
+    def allocate(cls, layers: int, batch_size: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> KVCache:
+        shape = (batch_size, kv_heads, max_len + 1, head_dim)
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)])
+
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
 
     def rows(self, start: int, stop: int, length: int = 0) -> KVCache:
-        """Rows ``[start, stop)`` of this cache as a cache of their own (shared storage)."""
-        return KVCache.over(self.k[:, start:stop], self.v[:, start:stop], length)
+        """Rows ``[start, stop)`` of this cache as a cache of their own (shared storage: writes go
+        into this one). Continuous batching gives each request such a view."""
+        root, offset = (self.parent, self.row0) if self.parent is not None else (self, 0)
+        return KVCache([k[start:stop] for k in self.k], [v[start:stop] for v in self.v], length,
+                       root, offset + start)
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -224,9 +226,24 @@ class KVCache(nn.Module):
         and set the length to ``start + len(slots)``. Everything after is discarded."""
         n = slots.numel()
         if n and not torch.equal(slots, torch.arange(start, start + n, device=slots.device)):
-            self.k[:, :, :, start:start + n] = self.k[:, :, :, slots]
-            self.v[:, :, :, start:start + n] = self.v[:, :, :, slots]
+            for k, v in zip(self.k, self.v, strict=True):
+                k[:, :, start:start + n] = k[:, :, slots]
+                v[:, :, start:start + n] = v[:, :, slots]
         self.length = start + n
+
+    def copy_row(self, src: int, dst: int, used: int) -> None:
+        """Row ``src``'s first ``used`` slots into row ``dst``."""
+        if used:
+            for t in (*self.k, *self.v):
+                t[dst, :, :used] = t[src, :, :used]
+
+    def swap_rows(self, i: int, j: int, used_i: int, used_j: int) -> None:
+        """Exchange rows i and j (their first ``used_*`` slots)."""
+        for t in (*self.k, *self.v):
+            keep = t[i, :, :used_i].clone()
+            if used_j:
+                t[i, :, :used_j] = t[j, :, :used_j]
+            t[j, :, :used_i] = keep
 
 
 # Decode and verify steps (few queries) fold each KV group's query heads into the query axis:
@@ -328,7 +345,24 @@ class ForwardOutput:
     hidden_states: list[Tensor] = field(default_factory=list)  # hidden entering each tapped layer
 
 
+class StepRunner(Protocol):
+    """Runs ``Transformer.step`` (and a drafter's ``step``: ``draft``) for the calls it serves
+    (``core.compiled.CompiledSteps``)."""
+
+    def serves(self, batch: int, tokens: int) -> bool: ...
+
+    def capacity(self, max_len: int) -> int: ...
+
+    def __call__(self, model: Transformer, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+                 cache: KVCache, taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]: ...
+
+    def draft(self, drafter: Any, tokens: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+              cache: KVCache) -> tuple[Tensor, Tensor]: ...
+
+
 class Transformer(nn.Module):
+    steps: StepRunner | None = None  # compiled steps (``runtime.session`` installs them); None: eager
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -351,11 +385,14 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         max_len = max_len or self.config.max_position_embeddings
+        if self.steps is not None:  # a bucket's size: one graph serves every request of about this length
+            max_len = self.steps.capacity(max_len)
         # Heads as the attention modules hold them: a sharded model (tensor parallelism) keeps
         # only its own KV heads, and its cache with it.
         attn = cast(DecoderLayer, self.layers[0]).self_attn if len(self.layers) else None
         kv_heads = attn.n_kv if attn is not None else self.config.num_kv_heads
-        return KVCache(self.config, batch_size, max_len, self.dtype, self.device, num_kv_heads=kv_heads)
+        c = self.config
+        return KVCache.allocate(c.num_layers, batch_size, kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(self.inv_freq, positions, self.dtype)
@@ -376,8 +413,17 @@ class Transformer(nn.Module):
         slots: [B, T] cache slot of each new token, per row (continuous batching: rows of
         different lengths); then ``attention_mask`` [B, T, S] is required, keys are slots
         ``[0, S)`` and ``cache.length`` is left to the caller.
+
+        With compiled steps installed (``self.steps``, ``core.compiled``), calls of few tokens run
+        the static-shape ``step`` through them: the same formula, shapes padded to buckets.
         """
         B, T = tokens.shape
+        taps = tuple(hidden_layers)
+        if any(not 0 <= i <= self.config.num_layers for i in taps):
+            raise ValueError(f"hidden_layers {list(taps)} out of range for {self.config.num_layers} layers")
+        if positions.dim() == 1:
+            positions = positions.expand(B, T)
+        compiled = self.steps is not None and self.steps.serves(B, T)
         start: int | Tensor = cache.length
         mask: Tensor | None
         if slots is not None:
@@ -390,29 +436,57 @@ class Transformer(nn.Module):
                     "use a shorter prompt / fewer new tokens or a larger max_len"
                 )
             mask = build_attention_mask(attention_mask, T, cache.length, self.device)
-        if positions.dim() == 1:
-            positions = positions.expand(B, T)
+            if compiled:
+                start, mask = static_form(mask, B, T, cache.length, tokens.device)
+        if compiled:
+            assert self.steps is not None and isinstance(start, Tensor) and mask is not None
+            logits, hidden = self.steps(self, tokens, positions, start, mask, cache, taps)
+            if logits_at is not None:
+                logits = logits[:, logits_at]
+        else:
+            x, hidden = self.layers_forward(tokens, positions, start, mask, cache.k, cache.v, taps)
+            if logits_at is not None:
+                x = x[:, logits_at]
+            logits = self.lm_head(self.norm(x))
+        if slots is None:
+            cache.length += T
+        return ForwardOutput(logits, hidden)
+
+    def layers_forward(self, tokens: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
+                       ks: Sequence[Tensor], vs: Sequence[Tensor],
+                       taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
+        """Embedding and every layer (keys and values written at ``start``); the last hidden state
+        (before the final norm) and the taps."""
         cos, sin = self.rope(positions)
         x: Tensor = self.embed_tokens(tokens)
-        taps = set(hidden_layers)
-        if any(not 0 <= i <= self.config.num_layers for i in taps):
-            raise ValueError(f"hidden_layers {list(hidden_layers)} out of range for {self.config.num_layers} layers")
         hidden: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in taps:
                 hidden[i] = x
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], start, mask)
+            x = layer(x, cos, sin, ks[i], vs[i], start, mask)
         if self.config.num_layers in taps:
             hidden[self.config.num_layers] = x
-        if slots is None:
-            cache.length += T
-        if logits_at is not None:
-            x = x[:, logits_at]
-        logits = self.lm_head(self.norm(x))
-        return ForwardOutput(logits, [hidden[i] for i in hidden_layers])
+        return x, [hidden[i] for i in taps]
+
+    def step(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, ks: Sequence[Tensor],
+             vs: Sequence[Tensor], taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
+        """The static-shape step ``core.compiled`` compiles: tokens, positions, slots [B, T], mask
+        [B, 1, T, S], every layer's cache tensor; no Python number derived from a length.
+        Returns logits [B, T, V] and the taps."""
+        x, hidden = self.layers_forward(tokens, positions, slots, mask, ks, vs, taps)
+        return self.lm_head(self.norm(x)), hidden
 
     if TYPE_CHECKING:
         __call__ = forward
+
+
+def static_form(mask: Tensor | None, B: int, T: int, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A call appending T tokens at ``length`` in the static form compiled steps take: slots [B, T]
+    and a full [B, 1, T, length + T] mask (``mask`` from build_attention_mask)."""
+    slots = (length + torch.arange(T, device=device)).expand(B, T)
+    full = (torch.ones(1, 1, T, length + T, dtype=torch.bool, device=device) if mask is None
+            else mask.view(-1, 1, T, length + T))
+    return slots, full.expand(B, 1, T, -1)
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -431,7 +505,9 @@ def slot_attention_mask(mask: Tensor | None, slots: Tensor, max_len: int) -> Ten
                          f"{None if mask is None else tuple(mask.shape)}")
     if mask.dtype != torch.bool:
         raise TypeError(f"attention_mask must be bool, got {mask.dtype}")
-    if mask.shape[-1] > max_len or int(slots.max()) >= max_len:
+    # the highest slot is checked on the CPU only: on an accelerator it would cost a device sync every step
+    # (an out-of-range slot fails in the indexing kernel there); slot max_len is the scratch slot
+    if mask.shape[-1] > max_len or (slots.device.type == "cpu" and int(slots.max()) > max_len):
         raise ValueError(f"cache slots up to {int(slots.max())} (keys {mask.shape[-1]}) exceed the KV cache "
                          f"({max_len}); use shorter requests or larger slots")
     return mask.view(B, 1, T, -1)

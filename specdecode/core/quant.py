@@ -78,6 +78,8 @@ class Int8Linear(nn.Module):
             kernel = "int8pack"
         else:
             kernel = "aten"
+        if kernel == "onednn" and torch.compiler.is_compiling():
+            kernel = "aten"  # a compiled step: freezing folds the dequantised weight and packs it itself
         return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
@@ -164,6 +166,8 @@ class Int4Linear(nn.Module):
             kernel = "int4pack"
         else:
             kernel = "aten"
+        if kernel == "onednn" and torch.compiler.is_compiling():
+            kernel = "aten"  # a compiled step: freezing folds the dequantised weight and packs it itself
         return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from specdecode.core.calibrate import measure_cycle_costs
+from specdecode.core.compiled import use_steps
 from specdecode.core.costmodel import (
     AcceptanceTable,
     AdaptiveShape,
@@ -169,7 +170,10 @@ def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
     tok = session.loaded.tokenizer
     prompt = tok.encode_chat([{"role": "user", "content": CALIBRATION_PROMPT}])
     t0 = time.perf_counter()
-    costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
+    # measured eager: compiled, each candidate's verify and draft sizes would compile their own graphs
+    # first (minutes each on a small CPU); eager costs rank the shapes, the compiled ones are lower
+    with use_steps((session.loaded.model, drafter), None):
+        costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".tmp", dir=path.parent)  # two processes may measure at once

@@ -80,6 +80,7 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
             drafters[path] = load_drafter(Path(path), model, convention=spec.aux_layer_convention)
         # the drafter's layers get kernels measured on their own shapes, as the target's did
         install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
+        drafters[path].steps = session.loaded.model.steps  # compiled with the target, or eager with it
     choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log)
     if choice.plain_is_faster and spec.allow_plain:
         return Decoder(baseline_decode, "baseline (auto: no speculative shape is predicted faster here)",

@@ -12,11 +12,13 @@ from typing import TypeVar
 
 import torch
 
+from specdecode.core.compiled import CompiledSteps, GraphKey
 from specdecode.core.kernels import KernelPlan
 from specdecode.core.quant import check_weight_format, quantize_weights
 from specdecode.io.gguf import apply_gguf_q4
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.runtime.autoformat import AUTO, resolve_format
+from specdecode.runtime.compiling import install_compiled, resolve_compile
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
@@ -37,6 +39,8 @@ class RuntimeConfig:
     threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
     weights: str = AUTO  # core.quant.WEIGHT_FORMATS (native, int8, q4) or auto
     kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
+    compile: str = "auto"  # core.compiled.COMPILE_MODES: decode/verify steps compiled (runtime.compiling)
+    long_running: bool = False  # serve, bench, sweep, data build: what --compile auto compiles for
 
     @property
     def is_default_model(self) -> bool:
@@ -55,6 +59,9 @@ class Session:
     comm: CommMeter | None = None  # this rank's all-reduce meter under tensor parallelism
     kernels: KernelPlan = field(default_factory=KernelPlan)  # the linear kernels installed (runtime.kernels)
     format_reason: str = "as asked"  # why this dtype and weight format (runtime.autoformat)
+    compiled: CompiledSteps | None = None  # the target's compiled steps when --compile is on
+    compile_reason: str = "off: as asked"  # why they are (runtime.compiling.resolve_compile)
+    on_compile: Callable[[GraphKey, float | None], None] | None = None  # hears every graph compiled
 
     @property
     def dtype_name(self) -> str:
@@ -85,9 +92,11 @@ def on_passing_thread(fn: Callable[[], T], device: str = "cpu") -> T:
         return pool.submit(fn).result()
 
 
-def start(config: RuntimeConfig) -> Session:
+def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], None] | None = None) -> Session:
     """Configure threads and device, load the model, shard it if a process group exists, put
-    its weights in the asked format and install its linear kernels (measured once per machine)."""
+    its weights in the asked format, install its linear kernels (measured once per machine) and,
+    where ``config.compile`` resolves on, its compiled steps (``on_compile`` hears each graph's
+    compilation: (key, None) before, (key, seconds) after)."""
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
     if config.weights != AUTO:
@@ -96,6 +105,7 @@ def start(config: RuntimeConfig) -> Session:
         parse_dtype(config.dtype)
     check_kernel_mode(config.kernels)
     rank, size = world()
+    use_compiled, compile_reason = resolve_compile(config.compile, config.long_running, size)
     if size > 1 and config.weights not in ("native", AUTO):
         raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")
     source, _ = resolve_model_dir(config.model)
@@ -111,4 +121,6 @@ def start(config: RuntimeConfig) -> Session:
         raise ValueError(f"--weights q4: {loaded.source} has no Q4_0/Q4_1 layer tensors (use --weights int8)")
     quantize_weights(loaded.model, config.weights)
     plan = install_kernels(loaded.model, config.kernels, threads, device)
-    return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason)
+    compiled = install_compiled(loaded.model, device, on_compile) if use_compiled else None
+    return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason, compiled,
+                   compile_reason, on_compile)

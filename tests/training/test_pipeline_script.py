@@ -25,7 +25,7 @@ def tiny_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "PROMPTS": str(prompts), "DATA": str(tmp_path / "data"), "OUT": str(tmp_path / "drafter"),
         "FEATURES": str(tmp_path / "features"), "SAMPLE": "16", "MAX_NEW_TOKENS": "8", "BATCH_SIZE": "8",
         "HELDOUT_PERCENT": "30", "MAX_STEPS": "2", "EVAL_EVERY": "1000", "EVAL_SAMPLES": "4",
-        "EVAL_ENGINE_SAMPLES": "2", "THREADS": "1"} | extra
+        "EVAL_ENGINE_SAMPLES": "2", "THREADS": "1", "COMPILE": "off"} | extra
 
 
 def test_pipeline_runs_end_to_end_on_cpu_with_a_tiny_budget(tmp_path):

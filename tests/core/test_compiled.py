@@ -1,0 +1,111 @@
+"""Compiled steps (``core.compiled``): the same tokens as eager (float64 greedy, alone and in a batch,
+plain and speculative), one graph per bucket and no recompilation as positions advance.
+
+Each graph costs 10-20 s of inductor compilation on a small CPU, so the tests share a few: one
+model, shapes chosen to land in the same buckets."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdecode.core.batching import BatchConfig, BatchEngine
+from specdecode.core.compiled import MIN_SPAN, CompiledSteps, bucket, check_compile_mode, span_bucket, use_steps
+from specdecode.core.drafter import random_drafter
+from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from tests.core.test_batching import Tok, run_all
+from tests.helpers import tiny_model
+
+SPEC = SpecConfig(2, 2, 5)  # verifies 5 tokens: the 8-token bucket
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=5)
+
+
+@pytest.fixture(scope="module")
+def drafter(model):
+    return random_drafter(model, seed=2)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(1)
+    return [[rng.randrange(4, 97) for _ in range(rng.randrange(20, 40))] for _ in range(4)]  # > 16: eager prefill
+
+
+def unique_graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def generate(model, decoder, prompt, n=24):
+    engine = Engine(model, Tok(), decoder) if decoder else Engine(model, Tok())
+    return engine.generate(prompt, GenerateOptions(max_new_tokens=n, stop_token_ids=())).token_ids
+
+
+def with_steps(modules, steps, fn):
+    with use_steps(modules, steps):
+        return fn()
+
+
+def test_buckets():
+    assert [bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]
+    assert span_bucket(10, 4096) == MIN_SPAN and span_bucket(MIN_SPAN + 1, 4096) == 2 * MIN_SPAN
+    assert span_bucket(3000, 1000) == 1000  # never past the cache
+    assert CompiledSteps().capacity(70) == MIN_SPAN and CompiledSteps().capacity(300) == 2 * MIN_SPAN
+    with pytest.raises(ValueError, match="use one of auto, on, off"):
+        check_compile_mode("maybe")
+
+
+def test_alone_equal_to_eager_and_no_recompilation(model, drafter, prompts):
+    """Baseline and EAGLE-3 (tree of 5 tokens; target and drafter compiled) give the eager tokens,
+    float64. Later prompts (other lengths and positions) compile only buckets not met before:
+    every graph dynamo builds is a new bucket's, never a bucket's again."""
+    eager_plain = [generate(model, None, p) for p in prompts[:3]]
+    eager_spec = [generate(model, Eagle3Decoder(drafter, SPEC), p) for p in prompts[:3]]
+    steps = CompiledSteps()
+
+    def run():
+        plain = [generate(model, None, prompts[0])]
+        spec = [generate(model, Eagle3Decoder(drafter, SPEC), prompts[0])]
+        graphs, compiled = unique_graphs(), len(steps.compiled)
+        for p in prompts[1:3]:
+            plain.append(generate(model, None, p))
+            spec.append(generate(model, Eagle3Decoder(drafter, SPEC), p))
+        assert unique_graphs() - graphs == len(steps.compiled) - compiled, "a bucket recompiled while decoding"
+        assert len({k for k, _ in steps.compiled}) == len(steps.compiled)
+        return plain, spec
+
+    plain, spec = with_steps((model, drafter), steps, run)
+    assert plain == eager_plain
+    assert spec == eager_spec
+    assert eager_spec == eager_plain  # lossless, as everywhere
+    target = {(k.rows, k.tokens) for k, _ in steps.compiled if k.kind.startswith("target")}
+    assert target == {(1, 1), (1, 8)}  # decode; verify padded 5 -> 8
+    draft = {k.kind for k, _ in steps.compiled if k.kind.startswith("draft")}
+    assert draft == {f"draft[{3 * model.config.hidden_size}]", f"draft[{model.config.hidden_size}]"}  # extend, tree
+
+
+def test_batch_equal_to_eager(model, drafter, prompts):
+    """Three requests in a pool of four (rows padded 3 -> 4, tokens 5 -> 8): every request's
+    greedy tokens as eager, speculative and plain steps."""
+    options = GenerateOptions(max_new_tokens=20, stop_token_ids=())
+    expected = [generate(model, None, p, 20) for p in prompts[:3]]
+    for policy in ("always", "never"):
+        steps = CompiledSteps()
+        engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=4, prefill_chunk=64, spec_policy=policy))
+        out, _ = with_steps((model, drafter), steps, lambda engine=engine: run_all(engine, prompts[:3], options))
+        assert [out[i] for i in range(3)] == expected, policy
+        assert any(k.rows == 4 for k, _ in steps.compiled), steps.compiled
+
+
+def test_training_mode_stays_eager():
+    """Gradients never go through compiled (frozen) steps; prefill chunks stay eager."""
+    steps = CompiledSteps()
+    assert torch.is_grad_enabled() and not steps.serves(1, 1)
+    with torch.inference_mode():
+        assert steps.serves(1, 16) and not steps.serves(1, 17)
