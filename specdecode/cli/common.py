@@ -48,8 +48,8 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
     g.add_argument("--compile", default="auto", choices=COMPILE_MODES,
                    help="decode and verify steps compiled (torch.compile: inductor with freezing and the C++ wrapper "
                         "on CPU, CUDA graphs on CUDA), one graph per shape bucket, compiled on first use and cached "
-                        "in $SPECDECODE_CACHE/inductor: on, off (eager) or auto (on for serve and data build, which run "
-                        "for hours; generate, bench and sweep stay eager unless told: a graph costs 1-2 minutes to "
+                        "in $SPECDECODE_CACHE/inductor: on, off (eager) or auto (on for serve and data build, which "
+                        "run for hours; generate, bench and sweep stay eager unless told: a graph costs 1-2 minutes to "
                         "compile cold on a 2-core CPU, 20 s from the cache). Default: auto")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,

@@ -23,6 +23,7 @@ graph, 17-25 s when inductor's on-disk cache (``$SPECDECODE_CACHE/inductor``) ha
 from __future__ import annotations
 
 import time
+import types
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -146,6 +147,11 @@ class CompiledSteps:
 
     def _compile(self, step: Callable[..., Any], key: GraphKey) -> Callable[..., Any]:
         configure_inductor(self.device_type)
+        # Each graph gets its own code object: dynamo keeps its cache per code object and checks the
+        # entries' guards one after another on every call, so buckets sharing one would slow each
+        # other's steps as their number grows.
+        code = step.__code__.replace(co_name=f"{step.__code__.co_name}_{len(self.graphs)}")
+        step = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
         if self.device_type == "cuda":
             fn = torch.compile(step, fullgraph=True, dynamic=False, mode="reduce-overhead")
         else:
