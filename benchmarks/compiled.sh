@@ -5,9 +5,9 @@
 #      and compiled, EAGLE-3 chain of 1 (the shape `--spec-config auto` chooses at q4 here) eager and compiled, and
 #      llama.cpp (llama-cpp-python) when it is installed. Inductor's cache starts empty (SPECDECODE_CACHE=$COLD),
 #      so the compile notices in bench.txt give cold compile times;
-#   2. the same bench again on the now warm cache, 3 prompts x 32 tokens: warm compile (load) times;
-#   3. in-process continuous batching (`bench --concurrency 1,4`, speculative and plain steps), eager and compiled,
-#      one run each, one after the other.
+#   2. the same bench again on the now warm cache, 3 prompts x 32 tokens: warm compile (load) times.
+# bench compiles every graph the prompts need before timing (CompiledSteps.warm): one per cache size (a power of
+# two from 256) and kind (decode; verify; the drafter's re-extend per token bucket).
 # A step whose result file exists is skipped: delete it to measure again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +28,3 @@ fi
 [ -s "$R/bench-warm.json" ] || SPECDECODE_CACHE=$COLD $SD bench --prompts "$SPEC" --num-prompts 3 \
     --max-new-tokens 32 --warmup 1 --threads 2 --compile off --no-store --out "$R/bench-warm.json" --methods "$M" 2>&1 \
     | grep -v -E "Warning|warn_once" | tee "$R/bench-warm.txt"
-for C in off on; do
-    [ -s "$R/batched-$C.json" ] || SPECDECODE_CACHE=$COLD $SD bench --prompts "$SPEC" --per-category 1 \
-        --max-new-tokens 128 --warmup 1 --threads 2 --compile "$C" --concurrency 1,4 --spec-policy always,never \
-        --no-store --out "$R/batched-$C.json" 2>&1 | grep -v -E "Warning|warn_once" | tee "$R/batched-$C.txt"
-done

@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ModelConfig": "specdecode.core.model",
     "Transformer": "specdecode.core.model",
-    "KVCache": "specdecode.core.model",
+    "KVCache": "specdecode.core.kvcache",
     "SamplingParams": "specdecode.core.sampling",
     "Engine": "specdecode.core.engine",
     "GenerateOptions": "specdecode.core.engine",

@@ -150,6 +150,10 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[Prompt], encode
     advance = on_progress or (lambda: None)
     methods = list(methods)
     records = []
+    for m in methods:  # compiled steps: every graph the prompts need, before anything is timed
+        prepare = getattr(m, "prepare", None)
+        if prepare is not None:
+            prepare(encoded, max_new_tokens)
     for _ in range(warmup):
         for m in methods:
             m.run(encoded[0], min(max_new_tokens, 16))

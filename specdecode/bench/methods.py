@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specdecode.core.compiled import use_steps
+from specdecode.core.compiled import CompiledSteps, use_steps
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder
@@ -71,6 +71,16 @@ class BaselineMethod:
         self.decoder = decoder
         self.engine = Engine(loaded.model, loaded.tokenizer, decoder) if decoder else Engine(
             loaded.model, loaded.tokenizer)
+
+    def prepare(self, encoded: Sequence[list[int]], max_new_tokens: int) -> int:
+        """Compile now, when this method runs compiled steps, every graph its requests will need
+        (``CompiledSteps.warm``), so that no timed request waits for the compiler; returns how many."""
+        steps = self.model.steps if isinstance(self.steps, str) else self.steps
+        if not isinstance(steps, CompiledSteps):
+            return 0
+        drafter = getattr(self.decoder, "drafter", None)
+        with use_steps((self.model, drafter), steps):
+            return sum(steps.warm(self.model, drafter, len(ids), max_new_tokens, self.spec_config) for ids in encoded)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         if isinstance(self.steps, str):

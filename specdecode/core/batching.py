@@ -39,7 +39,8 @@ from specdecode.core.engine import (
     TextAssembler,
     Tokenizer,
 )
-from specdecode.core.model import KVCache, Transformer
+from specdecode.core.kvcache import KVCache
+from specdecode.core.model import Transformer
 from specdecode.core.profiler import CycleRecord, SpecProfile
 from specdecode.core.sampling import greedy_argmax, sample
 from specdecode.core.speculative import (

@@ -33,7 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdecode.core.model import KVCache, StepRunner, Transformer
+from specdecode.core.engine import check_context
+from specdecode.core.kvcache import KVCache
+from specdecode.core.model import StepRunner, Transformer
+from specdecode.core.speculative import SpecConfig, spec_cache_sizes
 
 COMPILE_MODES = ("auto", "on", "off")
 ROW_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # capped by the pool's rows
@@ -67,9 +70,10 @@ class GraphKey:
     tokens: int
     span: int
     kind: str  # "target[taps]" or "draft[hidden width]"
+    cache: tuple[int, ...] = ()  # a layer's cache tensor past the rows: [kv heads, slots + 1, head dim]
 
     def __str__(self) -> str:
-        return f"{self.kind} rows={self.rows} tokens={self.tokens} span={self.span}"
+        return f"{self.kind} rows={self.rows} tokens={self.tokens} span={self.span} cache={self.cache[1:2]}"
 
 
 @dataclass
@@ -121,13 +125,16 @@ class CompiledSteps:
         pool, row0 = (cache.parent, cache.row0) if cache.parent is not None else (cache, 0)
         Bp = max(B, min(bucket(B, ROW_BUCKETS), pool.batch_size - row0))  # padding rows are the pool's own
         Tp = bucket(T, TOKEN_BUCKETS)
-        Sp = span_bucket(S, cache.max_len)  # keys [0, Sp): the scratch slot (max_len) is never read
+        # A request's own cache is sized to a bucket (capacity()) and attended over whole: one graph per
+        # cache size. A pool (continuous batching) is as long as the longest request allowed, so its
+        # span follows the longest row's context in powers of two. Keys [0, Sp): never the scratch slot.
+        Sp = span_bucket(S, cache.max_len) if pool.batch_size > 1 or cache.parent is not None else cache.max_len
         view = pool.rows(row0, row0 + Bp) if Bp != B else cache
-        if (Bp, Tp, Sp) != (B, T, S):
-            tokens, positions, slots, mask = _pad(tokens, positions, slots, mask.view(B, 1, T, S), Bp, Tp, Sp,
-                                                  scratch=cache.max_len)
-            extra = tuple(_pad_rows(x, Bp, Tp) for x in extra)
-        key = GraphKey(Bp, Tp, Sp, kind)
+        # always fresh contiguous inputs: strides are part of what a graph was compiled for
+        tokens, positions, slots, mask = _pad(tokens, positions, slots, mask.view(B, 1, T, S), Bp, Tp, Sp,
+                                              scratch=cache.max_len)
+        extra = tuple(_pad_rows(x, Bp, Tp) for x in extra)
+        key = GraphKey(Bp, Tp, Sp, kind, tuple(view.k[0].shape[1:]) if view.k else ())
         fn = self.graphs.get(key)
         if fn is None:
             if self.on_compile is not None:
@@ -160,6 +167,46 @@ class CompiledSteps:
         return fn
 
 
+    def warm(self, model: Transformer, drafter: Any, prompt_len: int, max_new_tokens: int,
+             spec: SpecConfig | None) -> int:
+        """Compile now every graph a request of ``prompt_len`` tokens and ``max_new_tokens`` needs
+        (plain decoding, or EAGLE-3 with ``spec``: verify, re-extend, tree steps), on scratch caches
+        of the sizes its own caches will have; returns how many graphs were compiled. A benchmark
+        calls it before timing, so no measured request waits for the compiler."""
+        before = len(self.compiled)
+        dev = model.device
+        with torch.inference_mode():
+            if spec is None:
+                cache = model.new_cache(1, check_context(model, prompt_len, max_new_tokens))
+                self._dummy_target(model, cache, 1, ())
+                return len(self.compiled) - before
+            size, dsize = spec_cache_sizes(model, prompt_len, max_new_tokens, [spec])
+            taps = tuple(drafter.config.aux_layer_ids)
+            self._dummy_target(model, model.new_cache(1, size), spec.num_draft_tokens, taps)
+            dcache = drafter.new_cache(dsize)
+            width = len(taps) * model.config.hidden_size
+            for t in sorted({bucket(t, TOKEN_BUCKETS) for t in range(1, spec.max_depth + 2)}):
+                tokens, positions, slots, mask = _dummy_inputs(t, dev)
+                self.draft(drafter, tokens, torch.zeros(1, t, width, dtype=model.dtype, device=dev), positions,
+                           slots, mask, dcache)
+            if spec.num_steps > 1:
+                k, width = spec.topk, drafter.config.hidden_size
+                tokens, positions, slots, mask = _dummy_inputs(k, dev)
+                self.draft(drafter, tokens, torch.zeros(1, k, width, dtype=model.dtype, device=dev), positions,
+                           slots, mask, dcache)
+        return len(self.compiled) - before
+
+    def _dummy_target(self, model: Transformer, cache: KVCache, T: int, taps: tuple[int, ...]) -> None:
+        tokens, positions, slots, mask = _dummy_inputs(T, model.device)
+        self(model, tokens, positions, slots, mask, cache, taps)
+
+
+def _dummy_inputs(T: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Tokens, positions and slots 0..T-1 with a causal mask: a call of T tokens at the start of a cache."""
+    ids = torch.arange(T, device=device)[None]
+    return ids, ids, ids, torch.ones(T, T, dtype=torch.bool, device=device).tril().view(1, 1, T, T)
+
+
 def _pad_rows(x: Tensor, Bp: int, Tp: int) -> Tensor:
     out = x.new_zeros(Bp, Tp, *x.shape[2:])
     out[:x.shape[0], :x.shape[1]] = x
@@ -168,12 +215,14 @@ def _pad_rows(x: Tensor, Bp: int, Tp: int) -> Tensor:
 
 def _pad(tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, Bp: int, Tp: int, Sp: int,
          scratch: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """New contiguous inputs of the bucket's shape: padding tokens at position 0 write the scratch
+    slot, padding queries see key 0 only."""
     B, T = tokens.shape
     S = mask.shape[-1]
     dev = tokens.device
-    t = torch.zeros(Bp, Tp, dtype=tokens.dtype, device=dev)
-    p = torch.zeros(Bp, Tp, dtype=positions.dtype, device=dev)
-    s = torch.full((Bp, Tp), scratch, dtype=slots.dtype, device=dev)
+    t = torch.zeros(Bp, Tp, dtype=torch.long, device=dev)
+    p = torch.zeros(Bp, Tp, dtype=torch.long, device=dev)
+    s = torch.full((Bp, Tp), scratch, dtype=torch.long, device=dev)
     m = torch.zeros(Bp, 1, Tp, Sp, dtype=torch.bool, device=dev)
     m[:, :, :, 0] = True  # padding queries see key 0 only (no empty softmax)
     t[:B, :T], p[:B, :T], s[:B, :T] = tokens, positions, slots

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from specdecode.core.kernels import Linear
+from specdecode.core.kvcache import KVCache
 from specdecode.core.model import (
     MLP,
     Attention,
-    KVCache,
-    Linear,
     ModelConfig,
     RMSNorm,
     StepRunner,

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.core.kernels import bucket_of, onednn_linear, onednn_usable
+from specdecode.core.kernels import Linear
+from specdecode.core.kvcache import KVCache
 
 
 @dataclass
@@ -55,77 +56,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-# Up to this many rows, fp32 CPU matmuls go through a GEMM with the weight as the
-# left operand (W @ x^T). Measured here on 2 threads: 40-49 GB/s for 1-4 rows against
-# 8-20 GB/s for F.linear (x @ W^T), whose small-batch path is a slow GEMV; from about
-# 12 rows on both are equal. One row is padded to two because a single column falls
-# back to the slow GEMV again. bf16 is the other way round, so it keeps F.linear.
-_WEIGHT_LEFT_MAX_ROWS = 8
-
-
-class Linear(nn.Linear):
-    """nn.Linear with a choice of kernels (``core.kernels``): ``aten`` (F.linear),
-    ``weight_left`` (the fast fp32 small-batch path above) and ``onednn`` (the weight packed
-    once). Same parameters, same results up to float summation order."""
-
-    kernels: tuple[str, ...] | None = None  # per core.kernels.ROW_BUCKETS; None: the static rule
-    packed: Tensor | None = None  # oneDNN-packed weight, set by core.kernels.apply_kernels
-
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.numel() // x.shape[-1]
-        w = self.weight
-        x2 = x.reshape(rows, x.shape[-1])
-        if (self.kernels is not None and x.dtype == w.dtype
-                and not (w.requires_grad and torch.is_grad_enabled())):  # packed copies do not train
-            kernel = self.kernels[bucket_of(rows)]
-        elif rows <= _WEIGHT_LEFT_MAX_ROWS and w.dtype == torch.float32 and w.device.type == "cpu":
-            kernel = "weight_left"
-        else:
-            kernel = "aten"
-        if kernel == "onednn" and torch.compiler.is_compiling():
-            kernel = "aten"  # a compiled step: inductor's freezing packs the weight itself
-        return self.run_kernel(kernel, x2).view(*x.shape[:-1], w.shape[0])
-
-    def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
-        """y = x2 @ W^T + b for x2 [rows, in] with the named kernel."""
-        w = self.weight
-        if kernel == "onednn" and self.packed is not None:
-            return onednn_linear(x2, self.packed, self.bias)
-        if kernel == "weight_left":
-            rows = x2.shape[0]
-            if rows == 1:
-                x2 = x2.expand(2, -1)
-            out = torch.mm(w, x2.contiguous().t())[:, :rows].t().contiguous()
-            return out if self.bias is None else out + self.bias
-        return F.linear(x2, w, self.bias)
-
-    def group_key(self) -> str:
-        return f"linear:{self.out_features}x{self.in_features}:{str(self.weight.dtype).removeprefix('torch.')}"
-
-    def kernel_candidates(self, rows: int) -> tuple[str, ...]:
-        w = self.weight
-        found = ["aten"]
-        if w.dtype == torch.float32 and w.device.type == "cpu" and rows <= _WEIGHT_LEFT_MAX_ROWS:
-            found.append("weight_left")
-        if onednn_usable(w.dtype, w.device):
-            found.append("onednn")
-        return tuple(found)
-
-    def packable_weight(self) -> Tensor:
-        return self.weight.detach()
-
-    # Calling runs forward directly, without nn.Module's hook dispatch: a decode step makes about
-    # 300 such calls, and skipping the dispatch saved 0.43 ms of 8.6 (5%; SmolLM2, 4-bit weights,
-    # 2 threads). Hooks on these inner modules do not fire; hook the Transformer itself.
-    __call__ = forward
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass that overrides forward (RowParallelLinear) is called through its own."""
-        super().__init_subclass__(**kwargs)
-        if "forward" in cls.__dict__:
-            cls.__call__ = cls.forward  # type: ignore[method-assign]
 
 
 class RMSNorm(nn.Module):
@@ -177,73 +107,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     in HF: x * cos + cat(-x2, x1) * sin). The halves swap with one roll and the sign lives in the
     table's first half: bit-identical, 3 ops fewer (measured 0.19 ms of an 8.3 ms decode step)."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
-
-
-class KVCache:
-    """Preallocated keys/values: per layer one [B, kv_heads, max_len + 1, head_dim] tensor;
-    ``length`` slots are valid.
-
-    New tokens are appended at ``length``; ``truncate`` rolls back and ``keep`` compacts chosen
-    slots (the accepted path of a draft tree) into a contiguous run. Slot ``max_len`` (the last)
-    is scratch: padding tokens of a bucketed step (``core.compiled``) write there, nothing reads it.
-    One tensor per layer, not one for all: a compiled step mutates each in place, while views of
-    one storage made inductor copy the whole cache around every step (measured: 28 ms vs 15 ms
-    per q4 decode step, SmolLM2, 2 threads).
-    """
-
-    def __init__(self, k: list[Tensor], v: list[Tensor], length: int = 0,
-                 parent: KVCache | None = None, row0: int = 0) -> None:
-        self.k, self.v = k, v
-        self.max_len = k[0].shape[2] - 1 if k else 0
-        self.length = length
-        self.parent, self.row0 = parent, row0  # rows(): the pool these rows belong to, and where
-
-    @classmethod
-    def allocate(cls, layers: int, batch_size: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> KVCache:
-        shape = (batch_size, kv_heads, max_len + 1, head_dim)
-        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
-                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)])
-
-    @property
-    def batch_size(self) -> int:
-        return self.k[0].shape[0] if self.k else 0
-
-    def rows(self, start: int, stop: int, length: int = 0) -> KVCache:
-        """Rows ``[start, stop)`` of this cache as a cache of their own (shared storage: writes go
-        into this one). Continuous batching gives each request such a view."""
-        root, offset = (self.parent, self.row0) if self.parent is not None else (self, 0)
-        return KVCache([k[start:stop] for k in self.k], [v[start:stop] for v in self.v], length,
-                       root, offset + start)
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        self.length = length
-
-    def keep(self, start: int, slots: Tensor) -> None:
-        """Move cache slots ``slots`` (absolute, ascending) to ``start, start+1, ...``
-        and set the length to ``start + len(slots)``. Everything after is discarded."""
-        n = slots.numel()
-        if n and not torch.equal(slots, torch.arange(start, start + n, device=slots.device)):
-            for k, v in zip(self.k, self.v, strict=True):
-                k[:, :, start:start + n] = k[:, :, slots]
-                v[:, :, start:start + n] = v[:, :, slots]
-        self.length = start + n
-
-    def copy_row(self, src: int, dst: int, used: int) -> None:
-        """Row ``src``'s first ``used`` slots into row ``dst``."""
-        if used:
-            for t in (*self.k, *self.v):
-                t[dst, :, :used] = t[src, :, :used]
-
-    def swap_rows(self, i: int, j: int, used_i: int, used_j: int) -> None:
-        """Exchange rows i and j (their first ``used_*`` slots)."""
-        for t in (*self.k, *self.v):
-            keep = t[i, :, :used_i].clone()
-            if used_j:
-                t[i, :, :used_j] = t[j, :, :used_j]
-            t[j, :, :used_i] = keep
 
 
 # Decode and verify steps (few queries) fold each KV group's query heads into the query axis:

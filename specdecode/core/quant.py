@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.core.kernels import bucket_of, onednn_linear, onednn_usable
+from specdecode.core.kernels import KernelDispatch, onednn_linear, onednn_usable
 
 WEIGHT_FORMATS = ("native", "int8", "q4")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
@@ -45,13 +45,11 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _KERNEL_MAX_ROWS = 32
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(KernelDispatch, nn.Module):
     """A linear layer with int8 weights and one scale per output channel: y = (x @ q^T) * s (+ b)."""
 
     weight_int8: Tensor  # [out, in] int8 (a buffer)
     scales: Tensor  # [out] in the model dtype (a buffer)
-    kernels: tuple[str, ...] | None = None  # per core.kernels.ROW_BUCKETS; None: the static rule
-    packed: Tensor | None = None  # the int8 weight converted to the model dtype, oneDNN-packed
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
@@ -68,19 +66,13 @@ class Int8Linear(nn.Module):
         """The weight this layer computes with, in the model dtype (for tests and reference)."""
         return self.weight_int8.to(self.scales.dtype) * self.scales[:, None]
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.numel() // x.shape[-1]
-        x2 = x.reshape(rows, x.shape[-1])
-        if self.kernels is not None and x.dtype == self.scales.dtype:
-            kernel = self.kernels[bucket_of(rows)]
-        elif (rows <= _KERNEL_MAX_ROWS and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
-              and x.dtype == self.scales.dtype):  # the static rule, without building the candidate list per call
-            kernel = "int8pack"
-        else:
-            kernel = "aten"
-        if kernel == "onednn" and torch.compiler.is_compiling():
-            kernel = "aten"  # a compiled step: freezing folds the dequantised weight and packs it itself
-        return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
+    def plan_applies(self, x: Tensor) -> bool:
+        return x.dtype == self.scales.dtype
+
+    def static_kernel(self, rows: int, x: Tensor) -> str:
+        # the static rule, without building the candidate list per call
+        return ("int8pack" if rows <= _KERNEL_MAX_ROWS and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
+                and x.dtype == self.scales.dtype else "aten")
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
         """(x2 @ q^T) * s (+ b) with the named kernel: ``int8pack`` (aten._weight_int8pack_mm),
@@ -112,8 +104,6 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
-    __call__ = forward  # no hook dispatch: see core.model.Linear
-
 
 # 4-bit weights: aten._weight_int4pack_mm_for_cpu reads SmolLM2's layer matrices at 22-28 GB/s of
 # int4 at one row (gate_up [3072x576] 33 us, bf16 oneDNN packed 57-86 us, the int8 kernel about
@@ -124,7 +114,7 @@ class Int8Linear(nn.Module):
 _INT4_GROUP = 32
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(KernelDispatch, nn.Module):
     """A linear layer with 4-bit weights in groups of 32 along the input, each group with a scale
     and a zero: w = (q - 8) * scale + zero for q in 0..15 (so Q4_1's d * q + m has scale d, zero
     m + 8d, and Q4_0's d * (q - 8) has zero 0). y = x @ w^T."""
@@ -132,8 +122,6 @@ class Int4Linear(nn.Module):
     q: Tensor  # [out, in] uint8 in 0..15 (a buffer; kept for reference and non-CPU devices)
     int4pack: Tensor  # the CPU kernel's packed layout of q (a buffer)
     scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
-    kernels: tuple[str, ...] | None = None  # per core.kernels.ROW_BUCKETS; None: the 4-bit kernel
-    packed: Tensor | None = None  # the dequantized weight, oneDNN-packed
 
     def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
         """q [out, in] integers 0..15; scales, zeros [out, in / 32] (float32, as the file gives them)."""
@@ -157,18 +145,11 @@ class Int4Linear(nn.Module):
         sz = self.scales_and_zeros.float().repeat_interleave(_INT4_GROUP, dim=0)  # [in, out, 2]
         return (self.q.float() - 8) * sz[..., 0].t() + sz[..., 1].t()
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.numel() // x.shape[-1]
-        x2 = x.reshape(rows, x.shape[-1])
-        if self.kernels is not None and x.dtype == self.scales_and_zeros.dtype:
-            kernel = self.kernels[bucket_of(rows)]
-        elif x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel():
-            kernel = "int4pack"
-        else:
-            kernel = "aten"
-        if kernel == "onednn" and torch.compiler.is_compiling():
-            kernel = "aten"  # a compiled step: freezing folds the dequantised weight and packs it itself
-        return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
+    def plan_applies(self, x: Tensor) -> bool:
+        return x.dtype == self.scales_and_zeros.dtype
+
+    def static_kernel(self, rows: int, x: Tensor) -> str:
+        return "int4pack" if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel() else "aten"
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
         """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``onednn``
@@ -197,8 +178,6 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={_INT4_GROUP}"
-
-    __call__ = forward  # no hook dispatch: see core.model.Linear
 
 
 def check_weight_format(weights: str) -> None:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from specdecode.core.model import KVCache, Transformer
+from specdecode.core.kvcache import KVCache
+from specdecode.core.model import Transformer
 
 
 @dataclass

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from specdecode.core.engine import DecodeStep, check_context
-from specdecode.core.model import KVCache, Transformer
+from specdecode.core.kvcache import KVCache
+from specdecode.core.model import Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
 from specdecode.core.sampling import SamplingParams, greedy_argmax, sample
 
@@ -288,6 +289,14 @@ def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
 
 # ---------------------------------------------------------------- the loop
 
+def spec_cache_sizes(target: Transformer, prompt_len: int, max_new_tokens: int,
+                     shapes: Sequence[SpecConfig]) -> tuple[int, int]:
+    """A request's target and draft cache sizes for the shapes it may decode with (the target's
+    holds a verified tree past the new tokens, the draft's a tree's scratch entries)."""
+    size = check_context(target, prompt_len, max_new_tokens, margin=max(s.num_draft_tokens for s in shapes))
+    return size, size + max(s.num_steps * s.topk for s in shapes)
+
+
 @torch.inference_mode()
 def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
                   sampling: SamplingParams, generator: torch.Generator | None, config: SpecConfig,
@@ -296,10 +305,9 @@ def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[in
     """The speculative loop; ``policy`` (optional) re-chooses the shape after every cycle."""
     device, aux = target.device, drafter.config.aux_layer_ids
     n = len(prompt_ids)
-    shapes = [config, *(policy.shapes if policy else ())]
-    size = check_context(target, n, max_new_tokens, margin=max(s.num_draft_tokens for s in shapes))
+    size, dsize = spec_cache_sizes(target, n, max_new_tokens, [config, *(policy.shapes if policy else ())])
     tcache = target.new_cache(1, size)
-    dcache = drafter.new_cache(size + max(s.num_steps * s.topk for s in shapes))
+    dcache = drafter.new_cache(dsize)
     clock = PhaseClock(device, sync, comm)
 
     clock.start()

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from specdecode.core.model import DecoderLayer, Linear, Transformer
+from specdecode.core.kernels import Linear
+from specdecode.core.model import DecoderLayer, Transformer
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -24,7 +24,7 @@ SPEC = SpecConfig(2, 2, 5)  # verifies 5 tokens: the 8-token bucket
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(seed=5)
+    return tiny_model(seed=5, max_position_embeddings=1024)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,9 @@ def drafter(model):
 @pytest.fixture(scope="module")
 def prompts():
     rng = random.Random(1)
-    return [[rng.randrange(4, 97) for _ in range(rng.randrange(20, 40))] for _ in range(4)]  # > 16: eager prefill
+    # > 16 tokens: eager prefill; the third request's caches are twice the others' (a graph of its own)
+    lengths = [24, 37, 250, 31]  # the third: 250 + 24 new tokens
+    return [[rng.randrange(4, 97) for _ in range(n)] for n in lengths]
 
 
 def unique_graphs() -> int:
@@ -47,11 +49,6 @@ def generate(model, decoder, prompt, n=24):
     return engine.generate(prompt, GenerateOptions(max_new_tokens=n, stop_token_ids=())).token_ids
 
 
-def with_steps(modules, steps, fn):
-    with use_steps(modules, steps):
-        return fn()
-
-
 def test_buckets():
     assert [bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]
     assert span_bucket(10, 4096) == MIN_SPAN and span_bucket(MIN_SPAN + 1, 4096) == 2 * MIN_SPAN
@@ -61,46 +58,52 @@ def test_buckets():
         check_compile_mode("maybe")
 
 
-def test_alone_equal_to_eager_and_no_recompilation(model, drafter, prompts):
+@pytest.fixture(scope="module")
+def steps():
+    return CompiledSteps()  # shared: each graph compiles once for the whole module
+
+
+def test_alone_equal_to_eager_and_no_recompilation(model, drafter, prompts, steps):
     """Baseline and EAGLE-3 (tree of 5 tokens; target and drafter compiled) give the eager tokens,
-    float64. Later prompts (other lengths and positions) compile only buckets not met before:
-    every graph dynamo builds is a new bucket's, never a bucket's again."""
-    eager_plain = [generate(model, None, p) for p in prompts[:3]]
-    eager_spec = [generate(model, Eagle3Decoder(drafter, SPEC), p) for p in prompts[:3]]
-    steps = CompiledSteps()
+    float64. ``warm`` compiles what a request needs beforehand; requests of other lengths (other
+    positions, same cache size) compile nothing; a request with twice the cache compiles its own
+    graph, and every graph dynamo builds is a new bucket's, never a bucket's again."""
+    short = [prompts[i] for i in (0, 1, 3)]
+    eager_plain = [generate(model, None, p) for p in short]
+    eager_spec = [generate(model, Eagle3Decoder(drafter, SPEC), p) for p in short]
+    eager_long = generate(model, None, prompts[2])
 
-    def run():
-        plain = [generate(model, None, prompts[0])]
-        spec = [generate(model, Eagle3Decoder(drafter, SPEC), prompts[0])]
-        graphs, compiled = unique_graphs(), len(steps.compiled)
-        for p in prompts[1:3]:
-            plain.append(generate(model, None, p))
-            spec.append(generate(model, Eagle3Decoder(drafter, SPEC), p))
-        assert unique_graphs() - graphs == len(steps.compiled) - compiled, "a bucket recompiled while decoding"
-        assert len({k for k, _ in steps.compiled}) == len(steps.compiled)
-        return plain, spec
-
-    plain, spec = with_steps((model, drafter), steps, run)
+    with use_steps((model, drafter), steps):
+        assert steps.warm(model, drafter, len(short[0]), 24, SPEC) > 0
+        assert steps.warm(model, None, len(short[0]), 24, None) == 1  # plain decoding: one graph
+        graphs, known = unique_graphs(), len(steps.compiled)
+        plain = [generate(model, None, p) for p in short]
+        spec = [generate(model, Eagle3Decoder(drafter, SPEC), p) for p in short]
+        assert (unique_graphs(), len(steps.compiled)) == (graphs, known), "compiled while decoding"
+        long = generate(model, None, prompts[2])
+        assert unique_graphs() - graphs == len(steps.compiled) - known == 1
+    assert len({k for k, _ in steps.compiled}) == len(steps.compiled)
     assert plain == eager_plain
     assert spec == eager_spec
     assert eager_spec == eager_plain  # lossless, as everywhere
-    target = {(k.rows, k.tokens) for k, _ in steps.compiled if k.kind.startswith("target")}
-    assert target == {(1, 1), (1, 8)}  # decode; verify padded 5 -> 8
+    assert long == eager_long
+    target = {(k.rows, k.tokens, k.span) for k, _ in steps.compiled if k.kind.startswith("target")}
+    assert target == {(1, 1, 256), (1, 8, 256), (1, 1, 512)}  # decode, verify (5 -> 8); the long request's decode
     draft = {k.kind for k, _ in steps.compiled if k.kind.startswith("draft")}
     assert draft == {f"draft[{3 * model.config.hidden_size}]", f"draft[{model.config.hidden_size}]"}  # extend, tree
 
 
-def test_batch_equal_to_eager(model, drafter, prompts):
-    """Three requests in a pool of four (rows padded 3 -> 4, tokens 5 -> 8): every request's
-    greedy tokens as eager, speculative and plain steps."""
+def test_batch_equal_to_eager(model, drafter, prompts, steps):
+    """Three requests in a pool of four (rows padded 3 -> 4, tokens 5 -> 8), speculative steps:
+    every request's greedy tokens as eager."""
     options = GenerateOptions(max_new_tokens=20, stop_token_ids=())
-    expected = [generate(model, None, p, 20) for p in prompts[:3]]
-    for policy in ("always", "never"):
-        steps = CompiledSteps()
-        engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=4, prefill_chunk=64, spec_policy=policy))
-        out, _ = with_steps((model, drafter), steps, lambda engine=engine: run_all(engine, prompts[:3], options))
-        assert [out[i] for i in range(3)] == expected, policy
-        assert any(k.rows == 4 for k, _ in steps.compiled), steps.compiled
+    short = [prompts[i] for i in (0, 1, 3)]
+    expected = [generate(model, None, p, 20) for p in short]
+    engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=4, prefill_chunk=64, spec_policy="always"))
+    with use_steps((model, drafter), steps):
+        out, _ = run_all(engine, short, options)
+    assert [out[i] for i in range(3)] == expected
+    assert any(k.rows == 4 and k.tokens == 8 for k, _ in steps.compiled), steps.compiled
 
 
 def test_training_mode_stays_eager():
@@ -109,3 +112,4 @@ def test_training_mode_stays_eager():
     assert torch.is_grad_enabled() and not steps.serves(1, 1)
     with torch.inference_mode():
         assert steps.serves(1, 16) and not steps.serves(1, 17)
+

@@ -4,8 +4,7 @@ installed, refused when stale, and change no greedy output."""
 import pytest
 import torch
 
-from specdecode.core.kernels import ROW_BUCKETS, apply_kernels, bucket_of, choose_kernels, kernel_layers
-from specdecode.core.model import Linear
+from specdecode.core.kernels import ROW_BUCKETS, Linear, apply_kernels, bucket_of, choose_kernels, kernel_layers
 from specdecode.core.quant import Int8Linear, quantize_weights
 from tests.helpers import tiny_model
 

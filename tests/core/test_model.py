@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdecode.core.model import Linear, ModelConfig
+from specdecode.core.kernels import Linear
+from specdecode.core.model import ModelConfig
 from tests.helpers import tiny_model
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specdecode.core.drafter import random_drafter
+from specdecode.core.kernels import Linear
 from specdecode.core.lossless import check_lossless
-from specdecode.core.model import Linear
 from specdecode.core.quant import Int8Linear, quantize_weights, weight_format
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from tests.core.test_lossless import PROMPTS, DigitTokenizer
