@@ -5,7 +5,8 @@
 #      and compiled, EAGLE-3 chain of 1 (the shape `--spec-config auto` chooses at q4 here) eager and compiled, and
 #      llama.cpp (llama-cpp-python) when it is installed. Inductor's cache starts empty (SPECDECODE_CACHE=$COLD),
 #      so the compile notices in bench.txt give cold compile times;
-#   2. the same bench again on the now warm cache, 3 prompts x 32 tokens: warm compile (load) times.
+#   2. the same bench again on the now warm cache, 3 prompts x 32 tokens: warm compile (load) times;
+#   3. `check --compile on` in float32: greedy speculative output against the baseline, both compiled.
 # bench compiles every graph the prompts need before timing (CompiledSteps.warm): one per cache size (a power of
 # two from 256) and kind (decode; verify; the drafter's re-extend per token bucket).
 # A step whose result file exists is skipped: delete it to measure again.
@@ -28,3 +29,8 @@ fi
 [ -s "$R/bench-warm.json" ] || SPECDECODE_CACHE=$COLD $SD bench --prompts "$SPEC" --num-prompts 3 \
     --max-new-tokens 32 --warmup 1 --threads 2 --compile off --no-store --out "$R/bench-warm.json" --methods "$M" 2>&1 \
     | grep -v -E "Warning|warn_once" | tee "$R/bench-warm.txt"
+# 3. losslessness with compiled steps: `check --compile on` (float32, native weights, its default), EAGLE-3
+#    chain of 2 against the baseline, both compiled, Spec-Bench 1 per category x 64 tokens.
+[ -s "$R/check-fp32-compiled.json" ] || SPECDECODE_CACHE=$COLD $SD check --compile on --threads 2 --prompts "$SPEC" \
+    --per-category 1 --max-new-tokens 64 --num-steps 2 --topk 1 --out "$R/check-fp32-compiled.json" 2>&1 \
+    | grep -v -E "Warning|warn_once" | tee "$R/check-fp32-compiled.txt"
