@@ -71,6 +71,7 @@ class GraphKey:
     span: int
     kind: str  # "target[taps]" or "draft[hidden width]"
     cache: tuple[int, ...] = ()  # a layer's cache tensor past the rows: [kv heads, slots + 1, head dim]
+    owner: int = 0  # id() of the module whose weights the graph holds: drafters sharing these steps never share graphs
 
     def __str__(self) -> str:
         return f"{self.kind} rows={self.rows} tokens={self.tokens} span={self.span} cache={self.cache[1:2]}"
@@ -102,7 +103,8 @@ class CompiledSteps:
                 return model.step(tokens, positions, slots, mask, ks, vs, taps)
             return step
 
-        logits, hidden = self._run(f"target{list(taps)}", make, tokens, positions, slots, mask, cache, ())
+        logits, hidden = self._run(f"target{list(taps)}", make, tokens, positions, slots, mask, cache, (),
+                                   owner=id(model))
         return logits, list(hidden)
 
     def draft(self, drafter: Any, tokens: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
@@ -115,11 +117,12 @@ class CompiledSteps:
                 return drafter.step(tokens, hidden, positions, slots, mask, ks, vs)  # type: ignore[no-any-return]
             return step
 
-        logits, h = self._run(f"draft[{hidden.shape[-1]}]", make, tokens, positions, slots, mask, cache, (hidden,))
+        logits, h = self._run(f"draft[{hidden.shape[-1]}]", make, tokens, positions, slots, mask, cache, (hidden,),
+                              owner=id(drafter))
         return logits, h
 
     def _run(self, kind: str, make: Callable[[], Callable[..., Any]], tokens: Tensor, positions: Tensor,
-             slots: Tensor, mask: Tensor, cache: KVCache, extra: tuple[Tensor, ...]) -> Any:
+             slots: Tensor, mask: Tensor, cache: KVCache, extra: tuple[Tensor, ...], owner: int) -> Any:
         B, T = tokens.shape
         S = mask.shape[-1]
         pool, row0 = (cache.parent, cache.row0) if cache.parent is not None else (cache, 0)
@@ -134,7 +137,7 @@ class CompiledSteps:
         tokens, positions, slots, mask = _pad(tokens, positions, slots, mask.view(B, 1, T, S), Bp, Tp, Sp,
                                               scratch=cache.max_len)
         extra = tuple(_pad_rows(x, Bp, Tp) for x in extra)
-        key = GraphKey(Bp, Tp, Sp, kind, tuple(view.k[0].shape[1:]) if view.k else ())
+        key = GraphKey(Bp, Tp, Sp, kind, tuple(view.k[0].shape[1:]) if view.k else (), owner)
         fn = self.graphs.get(key)
         if fn is None:
             if self.on_compile is not None:

@@ -106,6 +106,20 @@ def test_batch_equal_to_eager(model, drafter, prompts, steps):
     assert any(k.rows == 4 and k.tokens == 8 for k, _ in steps.compiled), steps.compiled
 
 
+def test_two_drafters_never_share_a_graph(model, drafter, prompts, steps):
+    """A graph holds its module's weights as constants: another drafter of the same shapes (a bench
+    comparing drafters) gets graphs of its own, and its own tokens."""
+    other = random_drafter(model, seed=9)
+    eager = generate(model, Eagle3Decoder(other, SPEC), prompts[0])
+    with use_steps((model, drafter), steps):
+        steps.warm(model, drafter, len(prompts[0]), 24, SPEC)  # (compiled already when the module runs in order)
+    with use_steps((model, other), steps):
+        assert steps.warm(model, other, len(prompts[0]), 24, SPEC) > 0  # the target's graphs exist: the draft's
+        assert generate(model, Eagle3Decoder(other, SPEC), prompts[0]) == eager
+    owners = {k.owner for k, _ in steps.compiled if k.kind.startswith("draft")}
+    assert {id(drafter), id(other)} <= owners
+
+
 def test_training_mode_stays_eager():
     """Gradients never go through compiled (frozen) steps; prefill chunks stay eager."""
     steps = CompiledSteps()
