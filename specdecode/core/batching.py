@@ -11,10 +11,10 @@ Each ``step()``:
    others for more than a chunk);
 2. runs one batched step over every decoding request, chosen by the spec policy:
    - plain: one target forward over one token per row;
-   - speculative: each row drafts its own tree (``draft_tree`` on its own rows of the
-     drafter pool), one target forward verifies every tree (per-row tree masks and
-     positions), acceptance and cache compaction per row, then the drafter is extended
-     over every row's accepted path in one batched forward;
+   - speculative: ``core.speculative.spec_cycle``, the one cycle a request alone also runs
+     (as a batch of one): the drafter catches up on every row in one forward, every row's
+     tree frontier is drafted in one forward per level, one target forward verifies every
+     tree (per-row tree masks and positions), acceptance and cache compaction per row;
 3. returns the new chunks per request (stop tokens, stop strings, max tokens per request).
 
 Every row keeps its own sampling parameters and generator, so its tokens are the ones it
@@ -31,7 +31,6 @@ from typing import Literal, cast
 import torch
 from torch import Tensor
 
-from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import (
     ContextLengthError,
     GenerateOptions,
@@ -41,17 +40,16 @@ from specdecode.core.engine import (
 )
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
-from specdecode.core.profiler import CycleRecord, SpecProfile
+from specdecode.core.profiler import CycleRecord, PhaseClock, SpecProfile
 from specdecode.core.sampling import greedy_argmax, sample
 from specdecode.core.speculative import (
     Drafter,
-    DraftState,
     SpecConfig,
-    Verification,
-    accept_greedy,
-    accept_sampling,
-    draft_tree,
-    extend_draft,
+    SpecRow,
+    extend_rows,
+    prefill,
+    spec_cycle,
+    start_draft,
 )
 
 SpecPolicyName = Literal["always", "never", "auto"]
@@ -84,22 +82,15 @@ class BatchConfig:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}; got {self.spec_policy!r}")
 
 
-@dataclass(eq=False)
-class _Row:
+@dataclass(eq=False, kw_only=True)
+class _Row(SpecRow):
+    """A request in the batch: its speculative row (``SpecRow``: cache lengths, root, what the
+    drafter has yet to see) and what the engine adds (prompt, options, text, timing)."""
     key: Hashable
     prompt: list[int]
     options: GenerateOptions
     text: TextAssembler
-    generator: torch.Generator | None
     arrived: float
-    prefilled: int = 0  # prompt tokens in the target cache
-    length: int = 0  # tokens in the target cache (the root, the last token, is not yet)
-    root: int = -1
-    dpairs: int = 0  # (hidden, token) pairs the drafter has seen = its next position
-    dlength: int = 0  # entries in the drafter cache (a self-drafter holds one more)
-    pending_hidden: list[Tensor] = field(default_factory=list)
-    pending_tokens: list[int] = field(default_factory=list)
-    state: DraftState | None = None
     profile: SpecProfile = field(default_factory=SpecProfile)
 
 
@@ -264,8 +255,9 @@ class BatchEngine:
             raise BatchFullError(f"all {self.config.slots} batch slots are taken")
         self.check(len(prompt_ids), options)
         generator = None if options.sampling.greedy else options.sampling.make_generator(self.model.device)
-        self.rows.append(_Row(key, list(prompt_ids), options, TextAssembler(self.tokenizer, options), generator,
-                              time.perf_counter()))
+        self.rows.append(_Row(key=key, prompt=list(prompt_ids), options=options,
+                              text=TextAssembler(self.tokenizer, options), arrived=time.perf_counter(),
+                              sampling=options.sampling, generator=generator))
 
     def remove(self, key: Hashable) -> Finished | None:
         """Drop a request now (its client went away); its slot is free for the next step."""
@@ -314,24 +306,17 @@ class BatchEngine:
     def _prefill_chunk(self, report: StepReport) -> None:
         j = min(range(self.decoding, len(self.rows)), key=lambda i: self.rows[i].arrived)
         row = self.rows[j]
-        device = self.model.device
-        a = row.prefilled
+        a = row.length
         b = min(a + self.config.prefill_chunk, len(row.prompt))
-        view = self.tpool.rows(j, j + 1, a)
-        aux = self._aux()
-        out = self.model(torch.tensor([row.prompt[a:b]], device=device), torch.arange(a, b, device=device), view,
-                         hidden_layers=aux, logits_at=torch.tensor([-1], device=device))
-        row.prefilled = row.length = b
+        logits = prefill(self.model, self.tpool.rows(j, j + 1, a), row, row.prompt, b, self._aux())
         report.prefill_tokens += b - a
-        if aux:
-            row.pending_hidden.append(torch.cat(out.hidden_states, -1)[0])
-            row.pending_tokens += row.prompt[a + 1:b + 1]
         if b < len(row.prompt):
             return
-        row.root = int(sample(out.logits[0, -1], row.options.sampling, row.generator))
-        if aux:
-            row.pending_tokens.append(row.root)
-            self._extend_one(j)  # the whole prompt through the drafter, as alone
+        root = int(sample(logits, row.options.sampling, row.generator))
+        if self._aux():
+            assert self.drafter is not None and self.dpool is not None
+            start_draft(self.drafter, self.dpool.rows(j, j + 1), row, root)  # the whole prompt, as alone
+        row.root = root
         if j != self.decoding:
             self._swap(j, self.decoding)
         self.decoding += 1
@@ -373,107 +358,21 @@ class BatchEngine:
 
     def _spec_step(self, report: StepReport) -> None:
         assert self.drafter is not None and self.spec is not None and self.dpool is not None
-        n, device = self.decoding, self.model.device
+        n = self.decoding
         rows = self.rows[:n]
-        t0 = time.perf_counter()
-        self._extend_all()
-        t1 = time.perf_counter()
-        trees = []
-        for b, row in enumerate(rows):
-            assert row.state is not None
-            dview = self.dpool.rows(b, b + 1, row.dlength)
-            trees.append(draft_tree(self.drafter, dview, row.state, row.root, row.length, self.spec))
-        t2 = time.perf_counter()
-        N = trees[0].size
-        lengths = self._lengths(n)
-        span = int(lengths.max()) + N
-        offsets = torch.arange(N, device=device)
-        slots = lengths[:, None] + offsets  # [n, N]
-        mask = (torch.arange(span, device=device)[None, None, :] < lengths[:, None, None]).expand(n, N, span).clone()
-        mask.scatter_(2, slots[:, None, :].expand(n, N, N), torch.stack([t.mask for t in trees]))
-        positions = lengths[:, None] + torch.stack([t.depths for t in trees])
-        tokens = torch.stack([t.tokens for t in trees])
-        aux = self._aux()
-        out = self.model(tokens, positions, self.tpool.rows(0, n), attention_mask=mask, hidden_layers=aux,
-                         slots=slots)
-        hidden = torch.cat(out.hidden_states, -1)
-        greedy = greedy_argmax(out.logits).tolist() if any(r.options.sampling.greedy for r in rows) else []
-        t3 = time.perf_counter()
-        for b, row in enumerate(rows):
-            tree, ver = trees[b], Verification(out.logits[b], hidden[b])
-            acc = (accept_greedy(tree, ver, greedy[b]) if row.options.sampling.greedy
-                   else accept_sampling(tree, ver, row.options.sampling, row.generator))
-            start = row.length
-            self.tpool.rows(b, b + 1, start).keep(start, torch.tensor(acc.path, device=device) + start)
-            row.length = start + len(acc.path)
-            new_tokens = acc.new_tokens(tree)
-            row.pending_hidden.append(hidden[b, acc.path])
-            row.pending_tokens += new_tokens
-            row.root = new_tokens[-1]
-            record = CycleRecord(tree.size - 1, len(acc.path) - 1, {})
+        cycle = spec_cycle(self.model, self.drafter, self.tpool.rows(0, n), self.dpool.rows(0, n), rows, self.spec,
+                           PhaseClock(self.model.device))
+        for row, new_tokens, record in zip(rows, cycle.tokens, cycle.records, strict=True):
             row.profile.add(record)
             report.cycles.append(record)
             report.tokens += len(new_tokens)
             self._emit(report, row, new_tokens)
-        t4 = time.perf_counter()
-        report.phases = {"extend": t1 - t0, "draft": t2 - t1, "verify": t3 - t2, "other": t4 - t3}
-
-    # ------------------------------------------------------------ the drafter
-
-    def _extend_one(self, i: int) -> None:
-        """Row i's pending pairs through the drafter (its own rows of the pool)."""
-        assert self.drafter is not None and self.dpool is not None
-        row = self.rows[i]
-        if not row.pending_tokens:
-            return
-        view = self.dpool.rows(i, i + 1, row.dlength)
-        hidden = torch.cat(row.pending_hidden)
-        tokens = torch.tensor(row.pending_tokens, device=hidden.device)
-        row.state = extend_draft(self.drafter, view, hidden, tokens, row.dpairs)
-        row.dpairs += len(row.pending_tokens)
-        row.dlength = view.length
-        row.pending_hidden, row.pending_tokens = [], []
+        report.phases = {k: v for k, v in cycle.times.items() if k != "total"}
 
     def _extend_all(self) -> None:
-        """Every decoding row's pending pairs through the drafter: one batched forward over
-        rows padded to the longest (padding written to a scratch slot, masked out), or one
-        forward per row for drafters without per-row slots (the self-drafter)."""
+        """Every decoding row's pending pairs through the drafter, in one batched forward."""
         assert self.drafter is not None and self.dpool is not None
-        n = self.decoding
-        counts = [len(r.pending_tokens) for r in self.rows[:n]]
-        if not any(counts):
-            return
-        if n == 1 or not isinstance(self.drafter, Eagle3Drafter):
-            for i in range(n):
-                self._extend_one(i)
-            return
-        rows, device = self.rows[:n], self.model.device
-        T = max(counts)
-        width = rows[0].pending_hidden[0].shape[-1]
-        hidden = torch.zeros(n, T, width, dtype=rows[0].pending_hidden[0].dtype, device=device)
-        tokens = torch.zeros(n, T, dtype=torch.long, device=device)
-        for b, row in enumerate(rows):
-            if counts[b]:
-                hidden[b, :counts[b]] = torch.cat(row.pending_hidden)
-                tokens[b, :counts[b]] = torch.tensor(row.pending_tokens, device=device)
-        t = torch.arange(T, device=device)
-        starts = torch.tensor([r.dlength for r in rows], device=device)
-        real = t[None, :] < torch.tensor(counts, device=device)[:, None]  # [n, T]
-        scratch = self.dpool.max_len  # the cache's scratch slot
-        slots = torch.where(real, starts[:, None] + t, scratch)
-        positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
-        span = int((starts + torch.tensor(counts, device=device)).max())
-        keys = torch.arange(span, device=device)
-        mask = keys[None, None, :] <= (starts[:, None] + t)[:, :, None]  # causal over each row's own cache
-        mask = torch.where(real[:, :, None], mask, keys[None, None, :] == 0)  # padding sees one key: no NaN
-        logits, out = self.drafter(tokens, hidden, positions, self.dpool.rows(0, n), attention_mask=mask,
-                                   slots=slots)
-        for b, row in enumerate(rows):
-            if counts[b]:
-                row.state = DraftState(logits[b, counts[b] - 1], out[b, counts[b] - 1])
-                row.dpairs += counts[b]
-                row.dlength += counts[b]
-                row.pending_hidden, row.pending_tokens = [], []
+        extend_rows(self.drafter, self.dpool.rows(0, self.decoding), self.rows[:self.decoding])
 
     # ------------------------------------------------------------ pool rows
 

@@ -49,14 +49,14 @@ class SelfDrafter(nn.Module):
         return draft_ids
 
     def forward(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
-                attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                attention_mask: Tensor | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
         positions = positions.expand(tokens.shape) + 1
         skip = 0
-        if cache.length == 0:  # first call: put the prompt's first token in front
+        if slots is None and cache.length == 0:  # first call: put the prompt's first token in front
             first = torch.full_like(tokens[:, :1], self.first_token)
             tokens, positions = torch.cat((first, tokens), 1), torch.cat((torch.zeros_like(first), positions), 1)
             skip = 1
-        logits = self.proposer(tokens, positions, cache, attention_mask=attention_mask).logits[:, skip:]
+        logits = self.proposer(tokens, positions, cache, attention_mask=attention_mask, slots=slots).logits[:, skip:]
         return logits, torch.zeros(*logits.shape[:2], 1, dtype=logits.dtype, device=logits.device)
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward

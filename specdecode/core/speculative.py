@@ -16,7 +16,7 @@ The tree follows EAGLE-2 with SGLang's parameters: ``num_steps`` (depth), ``topk
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 import torch
@@ -90,8 +90,10 @@ class Drafter(Protocol):
     ``SelfDrafter`` (a full model proposing its own tokens) are both one.
 
     Calling it runs one draft step over ``tokens`` [B, T] paired with ``hidden`` [B, T, ...] at
-    ``positions``, appending to ``cache``; it returns draft-vocabulary logits [B, T, Vd] and
-    the hidden state the next step feeds back. ``to_target_ids`` maps draft ids to target ids.
+    ``positions``, appending to ``cache`` (one row), or, with ``slots`` [B, T] and a [B, T, S]
+    ``attention_mask``, writing row b's entries at its own slots (a batch of rows of different
+    lengths); it returns draft-vocabulary logits [B, T, Vd] and the hidden state the next step
+    feeds back. ``to_target_ids`` maps draft ids to target ids.
     """
 
     @property
@@ -102,7 +104,7 @@ class Drafter(Protocol):
     def to_target_ids(self, draft_ids: Tensor) -> Tensor: ...
 
     def __call__(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
-                 attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+                 attention_mask: Tensor | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 class ShapePolicy(Protocol):
@@ -167,87 +169,183 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") ->
 
 # ---------------------------------------------------------------- phases
 
+@dataclass(eq=False, kw_only=True)
+class SpecRow:
+    """One request in the speculative cycle: its place in the target and draft caches (row i of
+    the caches a phase is given) and what the drafter has yet to see. A request decoded alone is
+    a batch of one such row; continuous batching (``core.batching``) keeps one per slot."""
+
+    sampling: SamplingParams = SamplingParams()
+    generator: torch.Generator | None = None
+    length: int = 0  # tokens in the target cache (the root, the last token, is not yet)
+    root: int = -1
+    dpairs: int = 0  # (hidden, token) pairs the drafter has seen = its next position
+    dlength: int = 0  # entries in the draft cache (a self-drafter holds one more)
+    pending_hidden: list[Tensor] = field(default_factory=list)  # target taps the drafter has not seen ...
+    pending_tokens: list[int] = field(default_factory=list)  # ... paired with the next token of each
+    state: DraftState | None = None  # the draft's prediction at the root
+
+
 def extend_draft(drafter: Drafter, cache: KVCache, target_hidden: Tensor, next_tokens: Tensor,
                  start_position: int) -> DraftState:
     """Run the draft over pairs (target hidden at position p, token at p+1), p from
-    ``start_position``: after prefill over the whole prompt, after each cycle over the
-    accepted path. Returns the draft's prediction at the last pair (the new root)."""
+    ``start_position``, appended to ``cache`` (one row): the prompt's pairs after prefill.
+    Returns the draft's prediction at the last pair (the new root)."""
     T = next_tokens.numel()
     positions = torch.arange(start_position, start_position + T, device=next_tokens.device)
     logits, hidden = drafter(next_tokens.view(1, T), target_hidden.view(1, T, -1), positions, cache)
     return DraftState(logits[0, -1], hidden[0, -1])
 
 
-def draft_tree(drafter: Drafter, cache: KVCache, state: DraftState, root: int, root_position: int,
-               config: SpecConfig) -> DraftTree:
-    """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for
-    ``num_steps`` levels, then keep the best ``num_draft_tokens - 1`` nodes.
+def prefill(target: Transformer, cache: KVCache, row: SpecRow, prompt: Sequence[int], stop: int,
+            aux_layers: Sequence[int]) -> Tensor:
+    """Prompt tokens ``[row.length, stop)`` into ``cache`` (the row's own: a request's cache or a
+    one-row view of a pool, of length ``row.length``); their taps wait for the drafter. Returns the
+    logits after the last of them (the first new token's, once ``stop`` is the prompt's end)."""
+    device, a = target.device, row.length
+    out = target(torch.tensor([list(prompt[a:stop])], device=device), torch.arange(a, stop, device=device), cache,
+                 hidden_layers=aux_layers, logits_at=torch.tensor([-1], device=device))
+    row.length = stop
+    if aux_layers:
+        row.pending_hidden.append(torch.cat(out.hidden_states, -1)[0])
+        row.pending_tokens += prompt[a + 1:stop + 1]  # the pair of the last one waits for the next chunk (or the root)
+    return out.logits[0, -1]
 
-    Draft forwards write scratch entries after ``cache.length``; the cache length is
-    restored on return (re-extend overwrites them)."""
-    device, k = state.logits.device, config.topk
-    prefix = cache.length  # everything up to and including the root's pair
-    logp = torch.log_softmax(state.logits.float(), -1)
-    score, draft_ids = logp.topk(k)
-    # candidate arrays (all depths); a candidate's parent is a candidate index, -1 = root
-    cand_ids, cand_score, cand_parent, cand_depth = [draft_ids], [score], [torch.full((k,), -1)], [1]
-    frontier = torch.arange(k)  # candidate indices of the current frontier
-    frontier_hidden = state.hidden.expand(k, -1)
-    frontier_score, frontier_ids = score, draft_ids
-    ancestors = torch.zeros(k, 0, dtype=torch.bool, device=device)  # frontier x scratch slots
+
+def start_draft(drafter: Drafter, cache: KVCache, row: SpecRow, root: int) -> None:
+    """The row's first token is ``root``: the prompt's pairs through the drafter, appended to
+    ``cache`` (the row's own, empty; a self-drafter puts the prompt's first token ahead)."""
+    row.root = root
+    row.pending_tokens.append(root)
+    if cache.length != 0 or row.dlength != 0:
+        raise ValueError("start_draft runs once per request, on its empty draft cache")
+    row.state = extend_draft(drafter, cache, torch.cat(row.pending_hidden), torch.tensor(row.pending_tokens,
+                             device=row.pending_hidden[0].device), row.dpairs)
+    row.dpairs, row.dlength = len(row.pending_tokens), cache.length
+    row.pending_hidden, row.pending_tokens = [], []
+
+
+def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> None:
+    """Every row's pending pairs (the last cycle's accepted path, or plain steps' taps) through
+    the drafter in one forward: rows padded to the longest, padding written to the cache's
+    scratch slot and masked out. Row i lives in row i of ``cache``."""
+    counts = [len(r.pending_tokens) for r in rows]
+    if not any(counts):
+        return
+    if any(c and not r.dlength for r, c in zip(rows, counts, strict=True)):
+        raise ValueError("a row's prompt goes through the drafter with start_draft first")
+    n, device = len(rows), cache.k[0].device
+    T = max(counts)
+    first = next(r for r in rows if r.pending_hidden).pending_hidden[0]
+    hidden = torch.zeros(n, T, first.shape[-1], dtype=first.dtype, device=device)
+    tokens = torch.zeros(n, T, dtype=torch.long, device=device)
+    for b, row in enumerate(rows):
+        if counts[b]:
+            hidden[b, :counts[b]] = torch.cat(row.pending_hidden)
+            tokens[b, :counts[b]] = torch.tensor(row.pending_tokens, device=device)
+    t = torch.arange(T, device=device)
+    starts = torch.tensor([r.dlength for r in rows], device=device)
+    real = t[None, :] < torch.tensor(counts, device=device)[:, None]  # [n, T]
+    slots = torch.where(real, starts[:, None] + t, cache.max_len)  # padding: the scratch slot
+    positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
+    keys = torch.arange(max(r.dlength + c for r, c in zip(rows, counts, strict=True)), device=device)
+    mask = keys[None, None, :] <= (starts[:, None] + t)[:, :, None]  # causal over each row's own cache
+    mask = torch.where(real[:, :, None], mask, keys[None, None, :] == 0)  # padding sees one key: no NaN
+    logits, out = drafter(tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
+    for b, row in enumerate(rows):
+        if counts[b]:
+            row.state = DraftState(logits[b, counts[b] - 1], out[b, counts[b] - 1])
+            row.dpairs += counts[b]
+            row.dlength += counts[b]
+            row.pending_hidden, row.pending_tokens = [], []
+
+
+def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config: SpecConfig) -> list[DraftTree]:
+    """EAGLE-2 dynamic trees, one per row: expand the top-k frontier by cumulative log-prob for
+    ``num_steps`` levels (every row's frontier in one draft forward per level), then keep each
+    row's best ``num_draft_tokens - 1`` nodes.
+
+    A level's frontier is written to the draft cache after the row's entries (slots
+    ``dlength + (level - 1) * topk ...``) and sees the row's prefix, its ancestors and itself;
+    nothing counts those entries afterwards (the next extend overwrites them)."""
+    n, k = len(rows), config.topk
+    states = [r.state for r in rows]
+    if any(s is None for s in states):
+        raise ValueError("every row needs the draft's prediction at its root (extend_rows first)")
+    logits0 = torch.stack([s.logits for s in states if s is not None])  # [n, Vd]
+    device = logits0.device
+    score, draft_ids = torch.log_softmax(logits0.float(), -1).topk(k)  # [n, k]
+    # candidates of every depth, per row; a candidate's parent is a candidate index, -1 = the root
+    cand_ids, cand_score = [draft_ids], [score]
+    cand_parent, cand_depth = [torch.full((n, k), -1, device=device)], [1]
+    frontier = torch.arange(k, device=device).expand(n, k)  # candidate indices of the frontier
+    f_hidden = torch.stack([s.hidden for s in states if s is not None])[:, None].expand(n, k, -1)
+    f_score, f_ids = score, draft_ids
+    prefix = torch.tensor([r.dlength for r in rows], device=device)  # up to and including the root's pair
+    root_pos = torch.tensor([r.length for r in rows], device=device)
+    own = torch.eye(k, dtype=torch.bool, device=device).expand(n, k, k)
+    ancestors = torch.zeros(n, k, 0, dtype=torch.bool, device=device)  # frontier x earlier levels' entries
     n_cand = k
     for depth in range(1, config.num_steps):
-        scratch = cache.length - prefix
-        mask = None  # a chain sees everything before it
-        if k > 1:
-            own = torch.eye(k, dtype=torch.bool, device=device)
-            mask = torch.cat((torch.ones(k, prefix, dtype=torch.bool, device=device), ancestors, own),
-                             dim=1).view(1, k, -1)
-        positions = torch.full((k,), root_position - 1 + depth, device=device)
-        logits, hidden = drafter(drafter.to_target_ids(frontier_ids).view(1, k), frontier_hidden.view(1, k, -1),
-                                 positions, cache, attention_mask=mask)
-        logp = torch.log_softmax(logits[0].float(), -1)
-        child_logp, child_ids = logp.topk(k, dim=-1)  # [k, k]
-        child_score = (frontier_score[:, None] + child_logp).flatten()
-        child_parent = frontier.repeat_interleave(k)
-        cand_ids.append(child_ids.flatten())
+        used = (depth - 1) * k  # entries of earlier levels
+        entries = prefix[:, None] + torch.arange(used + k, device=device)  # [n, used + k]
+        keys = torch.arange(int(prefix.max()) + used + k, device=device)
+        mask = (keys[None, None, :] < prefix[:, None, None]).expand(n, k, -1).clone()
+        mask.scatter_(2, entries[:, None, :].expand(n, k, -1), torch.cat((ancestors, own), -1))
+        positions = (root_pos - 1 + depth)[:, None].expand(n, k)
+        logits, hidden = drafter(drafter.to_target_ids(f_ids), f_hidden, positions, cache, attention_mask=mask,
+                                 slots=entries[:, used:])
+        child_logp, child_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # [n, k, k]
+        child_score = (f_score[:, :, None] + child_logp).flatten(1)  # [n, k*k]
+        cand_ids.append(child_ids.flatten(1))
         cand_score.append(child_score)
-        cand_parent.append(child_parent)
+        cand_parent.append(frontier.repeat_interleave(k, dim=1))
         cand_depth.append(depth + 1)
-        best = child_score.topk(k).indices  # the next frontier among the k*k children
-        rows = best // k  # which frontier node each came from
-        slot_of_row = torch.arange(scratch, scratch + k, device=device)
-        new_anc = torch.zeros(k, cache.length - prefix, dtype=torch.bool, device=device)
-        new_anc[:, :scratch] = ancestors[rows]
-        new_anc[torch.arange(k), slot_of_row[rows]] = True
+        best = child_score.topk(k, dim=-1).indices  # [n, k]: the next frontier among the k*k children
+        src = best // k  # which frontier node each came from
+        new_anc = torch.zeros(n, k, used + k, dtype=torch.bool, device=device)
+        new_anc[:, :, :used] = ancestors.gather(1, src[:, :, None].expand(n, k, used))
+        new_anc.scatter_(2, used + src[:, :, None], True)
         ancestors = new_anc
         frontier = n_cand + best
-        frontier_hidden = hidden[0, rows]
-        frontier_score, frontier_ids = child_score[best], child_ids.flatten()[best]
+        f_hidden = hidden.gather(1, src[:, :, None].expand(n, k, hidden.shape[-1]))
+        f_score, f_ids = child_score.gather(1, best), child_ids.flatten(1).gather(1, best)
         n_cand += k * k
-    cache.truncate(prefix)
 
-    ids = torch.cat(cand_ids)
-    scores = torch.cat(cand_score)
-    parents = torch.cat([p.to(device) for p in cand_parent])
-    depths = torch.cat([torch.full((len(c),), d, device=device) for c, d in zip(cand_ids, cand_depth, strict=False)])
-    # Rank by score, shallower first on ties: a parent always outranks its children
-    # (log-probs are <= 0), so any top-m set is a tree.
-    order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), int(depths[i]), i))
-    chosen = sorted(order[:config.num_draft_tokens - 1])  # candidate order: parents first
-    node_of = {c: j + 1 for j, c in enumerate(chosen)}
-    node_parents = [-1] + [node_of.get(int(parents[c]), 0) for c in chosen]
-    tokens = torch.cat((torch.tensor([root], device=device), drafter.to_target_ids(ids[chosen])))
-    node_depths = torch.cat((torch.zeros(1, dtype=torch.long, device=device), depths[chosen]))
-    return DraftTree(tokens, node_parents, node_depths, ancestor_mask(node_parents, device))
+    ids, scores, parents = torch.cat(cand_ids, 1), torch.cat(cand_score, 1).tolist(), torch.cat(cand_parent, 1)
+    depth_of = [d for c, d in zip(cand_ids, cand_depth, strict=True) for _ in range(c.shape[1])]
+    depths = torch.tensor(depth_of, device=device)
+    trees = []
+    for b, row in enumerate(rows):
+        # Rank by score, shallower first on ties: a parent always outranks its children
+        # (log-probs are <= 0), so any top-m set is a tree.
+        order = sorted(range(len(depth_of)), key=lambda i: (-scores[b][i], depth_of[i], i))
+        chosen = sorted(order[:config.num_draft_tokens - 1])  # candidate order: parents first
+        node_of = {c: j + 1 for j, c in enumerate(chosen)}
+        row_parents = parents[b].tolist()
+        node_parents = [-1] + [node_of.get(row_parents[c], 0) for c in chosen]
+        pick = torch.tensor(chosen, device=device)
+        tokens = torch.cat((torch.tensor([row.root], device=device), drafter.to_target_ids(ids[b, pick])))
+        node_depths = torch.cat((torch.zeros(1, dtype=torch.long, device=device), depths[pick]))
+        trees.append(DraftTree(tokens, node_parents, node_depths, ancestor_mask(node_parents, device)))
+    return trees
 
 
-def verify(target: Transformer, cache: KVCache, tree: DraftTree, aux_layers: Sequence[int]) -> Verification:
-    """One target forward over every tree node (tree attention mask, positions by depth)."""
-    n = cache.length
-    out = target(tree.tokens.view(1, -1), n + tree.depths, cache, attention_mask=tree.mask,
-                 hidden_layers=aux_layers)
-    return Verification(out.logits[0], torch.cat(out.hidden_states, dim=-1)[0])
+def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTree],
+                aux_layers: Sequence[int]) -> list[Verification]:
+    """One target forward over every row's tree (per-row tree masks, positions by depth, the nodes
+    written after each row's entries)."""
+    n, N, device = len(rows), trees[0].size, target.device
+    lengths = torch.tensor([r.length for r in rows], device=device)
+    slots = lengths[:, None] + torch.arange(N, device=device)  # [n, N]
+    keys = torch.arange(int(lengths.max()) + N, device=device)
+    mask = (keys[None, None, :] < lengths[:, None, None]).expand(n, N, -1).clone()
+    mask.scatter_(2, slots[:, None, :].expand(n, N, N), torch.stack([t.mask for t in trees]))
+    positions = lengths[:, None] + torch.stack([t.depths for t in trees])
+    out = target(torch.stack([t.tokens for t in trees]), positions, cache, attention_mask=mask,
+                 hidden_layers=aux_layers, slots=slots)
+    hidden = torch.cat(out.hidden_states, dim=-1)
+    return [Verification(out.logits[b], hidden[b]) for b in range(n)]
 
 
 def accept_greedy(tree: DraftTree, ver: Verification, choice: list[int] | None = None) -> Acceptance:
@@ -287,7 +385,59 @@ def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
         path.append(nxt)
 
 
-# ---------------------------------------------------------------- the loop
+def accept_rows(cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTree],
+                vers: Sequence[Verification]) -> list[Acceptance]:
+    """Each row's accepted path (greedy or sampled, its own parameters and generator); the path's
+    entries compacted in the target cache, its taps and tokens left for the drafter, the bonus
+    token the new root."""
+    device = cache.k[0].device if cache.k else torch.device("cpu")
+    greedy = (greedy_argmax(torch.stack([v.logits for v in vers])).tolist()
+              if any(r.sampling.greedy for r in rows) else [])
+    accepted = []
+    for b, (row, tree, ver) in enumerate(zip(rows, trees, vers, strict=True)):
+        acc = (accept_greedy(tree, ver, greedy[b]) if row.sampling.greedy
+               else accept_sampling(tree, ver, row.sampling, row.generator))
+        start = row.length
+        cache.rows(b, b + 1, start).keep(start, torch.tensor(acc.path, device=device) + start)
+        row.length = start + len(acc.path)
+        new_tokens = acc.new_tokens(tree)
+        row.pending_hidden.append(ver.hidden[acc.path])
+        row.pending_tokens += new_tokens
+        row.root = new_tokens[-1]
+        accepted.append(acc)
+    return accepted
+
+
+# ---------------------------------------------------------------- the cycle
+
+@dataclass
+class CycleResult:
+    """What one cycle gave each row (in order), and the phases' times for the whole batch."""
+    tokens: list[list[int]]  # new tokens per row: the accepted path, then the bonus token
+    records: list[CycleRecord]  # per row: drafted and accepted counts (times: the batch's, in ``times``)
+    times: dict[str, float]
+
+
+def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: KVCache, rows: Sequence[SpecRow],
+               config: SpecConfig, clock: PhaseClock) -> CycleResult:
+    """One speculative cycle over a batch of rows (row i in row i of both caches): the drafter
+    catches up on what it has not seen -> every row drafts its tree -> one target forward
+    verifies them all -> each row accepts its path. A request decoded alone is a batch of one."""
+    clock.start()
+    extend_rows(drafter, dcache, rows)
+    clock.mark("extend")
+    trees = draft_rows(drafter, dcache, rows, config)
+    clock.mark("draft")
+    vers = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids)
+    clock.mark("verify")
+    accepted = accept_rows(tcache, rows, trees, vers)
+    clock.mark("other")  # acceptance and cache compaction
+    return CycleResult([a.new_tokens(t) for a, t in zip(accepted, trees, strict=True)],
+                       [CycleRecord(t.size - 1, len(a.path) - 1, {}) for a, t in zip(accepted, trees, strict=True)],
+                       clock.finish())
+
+
+# ---------------------------------------------------------------- a request alone
 
 def spec_cache_sizes(target: Transformer, prompt_len: int, max_new_tokens: int,
                      shapes: Sequence[SpecConfig]) -> tuple[int, int]:
@@ -302,41 +452,29 @@ def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[in
                   sampling: SamplingParams, generator: torch.Generator | None, config: SpecConfig,
                   sync: bool = True, comm: TimeMeter | None = None,
                   policy: ShapePolicy | None = None) -> Generator[DecodeStep, None, None]:
-    """The speculative loop; ``policy`` (optional) re-chooses the shape after every cycle."""
-    device, aux = target.device, drafter.config.aux_layer_ids
-    n = len(prompt_ids)
-    size, dsize = spec_cache_sizes(target, n, max_new_tokens, [config, *(policy.shapes if policy else ())])
+    """One request: prefill, then ``spec_cycle`` over a batch of one row; ``policy`` (optional)
+    re-chooses the shape after every cycle."""
+    aux = drafter.config.aux_layer_ids
+    size, dsize = spec_cache_sizes(target, len(prompt_ids), max_new_tokens,
+                                   [config, *(policy.shapes if policy else ())])
     tcache = target.new_cache(1, size)
     dcache = drafter.new_cache(dsize)
-    clock = PhaseClock(device, sync, comm)
+    clock = PhaseClock(target.device, sync, comm)
+    row = SpecRow(sampling=sampling, generator=generator)
 
     clock.start()
-    prompt = torch.tensor(prompt_ids, device=device)
-    out = target(prompt.view(1, -1), torch.arange(n, device=device), tcache, hidden_layers=aux,
-                 logits_at=torch.tensor([-1], device=device))
-    root = int(sample(out.logits[0, -1], sampling, generator))
-    next_tokens = torch.cat((prompt[1:], torch.tensor([root], device=device)))
-    state = extend_draft(drafter, dcache, torch.cat(out.hidden_states, -1)[0], next_tokens, 0)
-    yield DecodeStep([root], prefill_s=clock.finish()["total"])
+    logits = prefill(target, tcache, row, prompt_ids, len(prompt_ids), aux)
+    start_draft(drafter, dcache, row, int(sample(logits, sampling, generator)))
+    yield DecodeStep([row.root], prefill_s=clock.finish()["total"])
 
     produced = 1
     while produced < max_new_tokens:
-        clock.start()
-        start = tcache.length
-        tree = draft_tree(drafter, dcache, state, root, start, config)
-        clock.mark("draft")
-        ver = verify(target, tcache, tree, aux)
-        clock.mark("verify")
-        acc = accept_greedy(tree, ver) if sampling.greedy else accept_sampling(tree, ver, sampling, generator)
-        tcache.keep(start, torch.tensor(acc.path, device=device) + start)
-        new_tokens = acc.new_tokens(tree)
-        clock.mark("other")  # acceptance and cache compaction
-        state = extend_draft(drafter, dcache, ver.hidden[acc.path], torch.tensor(new_tokens, device=device), start)
-        clock.mark("extend")
-        root, produced = new_tokens[-1], produced + len(new_tokens)
-        yield DecodeStep(new_tokens, CycleRecord(tree.size - 1, len(acc.path) - 1, clock.finish()))
+        cycle = spec_cycle(target, drafter, tcache, dcache, [row], config, clock)
+        new_tokens, record = cycle.tokens[0], cycle.records[0]
+        produced += len(new_tokens)
+        yield DecodeStep(new_tokens, CycleRecord(record.drafted, record.accepted, cycle.times))
         if policy is not None:
-            config = policy.record(config, len(acc.path) - 1)
+            config = policy.record(config, record.accepted)
 
 
 class Eagle3Decoder:
