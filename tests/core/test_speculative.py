@@ -6,9 +6,19 @@ import torch
 
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
+from specdecode.core.profiler import PhaseClock
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
-from specdecode.core.speculative import SpecConfig, ancestor_mask, eagle3_decode
+from specdecode.core.speculative import (
+    SpecConfig,
+    SpecRow,
+    ancestor_mask,
+    draft_rows,
+    eagle3_decode,
+    prefill,
+    spec_cycle,
+    start_draft,
+)
 from tests.helpers import perturbed, tiny_model
 
 CONFIGS = [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(2, 2, 4), SpecConfig(3, 3, 8),
@@ -77,3 +87,42 @@ def test_spec_config_defaults():
     assert SpecConfig(4, 1).num_draft_tokens == 5
     assert SpecConfig(3, 4).num_draft_tokens == 13
     assert SpecConfig(5, 4, 16).max_depth == 5
+
+
+@pytest.mark.parametrize("config", [SpecConfig(3, 1), SpecConfig(3, 3, 8), SpecConfig(4, 2, 10)], ids=str)
+@pytest.mark.parametrize("kind", ["eagle3", "self"])
+def test_every_rows_tree_drafted_together_equals_each_drafted_alone(config, kind):
+    """draft_rows over a batch of rows of different lengths (one draft forward per level for all
+    of them) gives each row the tree it gets as a batch of one, and the cycle the same tokens."""
+    target = tiny_model(seed=3)
+    drafter = (random_drafter(target, draft_vocab_size=61, seed=3, init_std=0.3) if kind == "eagle3"
+               else SelfDrafter(perturbed(target, 0.05, 3), target, 0))
+    prompts = [[5, 6, 7], list(range(10, 30)), [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+    aux = drafter.config.aux_layer_ids
+
+    def started(tpool, dpool, i, prompt):
+        row = SpecRow()
+        logits = prefill(target, tpool.rows(i, i + 1), row, prompt, len(prompt), aux)
+        start_draft(drafter, dpool.rows(i, i + 1), row, int(logits.argmax()))
+        return row
+
+    def caches(n):
+        return target.new_cache(n, 128), drafter.new_cache(160, n)
+
+    tpool, dpool = caches(3)
+    rows = [started(tpool, dpool, i, p) for i, p in enumerate(prompts)]
+    alone = []
+    for p in prompts:
+        tcache, dcache = caches(1)
+        alone.append((tcache, dcache, started(tcache, dcache, 0, p)))
+    for _ in range(4):  # a few cycles: rows drift to different lengths
+        trees = draft_rows(drafter, dpool.rows(0, 3), rows, config)
+        for tree, (_, dcache, row) in zip(trees, alone, strict=True):
+            own = draft_rows(drafter, dcache, [row], config)[0]
+            assert tree.tokens.tolist() == own.tokens.tolist() and tree.parents == own.parents
+        together = spec_cycle(target, drafter, tpool.rows(0, 3), dpool.rows(0, 3), rows, config, PhaseClock("cpu"))
+        for b, (tcache, dcache, row) in enumerate(alone):
+            one = spec_cycle(target, drafter, tcache, dcache, [row], config, PhaseClock("cpu"))
+            assert together.tokens[b] == one.tokens[0]
+            assert together.records[b].accepted == one.records[0].accepted
+    assert len({r.length for r in rows}) > 1 or kind == "self"
