@@ -31,6 +31,7 @@ from typing import Literal, cast
 import torch
 from torch import Tensor
 
+from specdecode.core.attention import rows_mask
 from specdecode.core.engine import (
     ContextLengthError,
     GenerateOptions,
@@ -334,8 +335,7 @@ class BatchEngine:
         n, device = self.decoding, self.model.device
         rows = self.rows[:n]
         lengths = self._lengths(n)
-        span = int(lengths.max()) + 1
-        mask = torch.arange(span, device=device)[None, None, :] <= lengths[:, None, None]  # [n, 1, S]
+        mask = rows_mask(lengths, torch.ones(n, 1, 1, dtype=torch.bool, device=device), int(lengths.max()) + 1)
         aux = self._aux()
         out = self.model(torch.tensor([[r.root] for r in rows], device=device), lengths[:, None],
                          self.tpool.rows(0, n), attention_mask=mask, hidden_layers=aux, slots=lengths[:, None])

@@ -18,21 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from specdecode.core.attention import resolve_call, rope_cos_sin, rope_inv_freq
 from specdecode.core.kernels import Linear
 from specdecode.core.kvcache import KVCache
-from specdecode.core.model import (
-    MLP,
-    Attention,
-    ModelConfig,
-    RMSNorm,
-    StepRunner,
-    Transformer,
-    build_attention_mask,
-    rope_cos_sin,
-    rope_inv_freq,
-    slot_attention_mask,
-    static_form,
-)
+from specdecode.core.model import MLP, Attention, ModelConfig, RMSNorm, StepRunner, Transformer
 
 
 @dataclass
@@ -114,17 +103,7 @@ class Eagle3Drafter(nn.Module):
         few tokens run compiled when ``self.steps`` is set)."""
         B, T = tokens.shape
         compiled = self.steps is not None and self.steps.serves(B, T)
-        start: int | Tensor = cache.length
-        mask: Tensor | None
-        if slots is not None:
-            mask = slot_attention_mask(attention_mask, slots, cache.max_len)
-            start = slots
-        elif cache.length + T > cache.max_len:
-            raise ValueError(f"draft cache overflow: {cache.length + T} > {cache.max_len}")
-        else:
-            mask = build_attention_mask(attention_mask, T, cache.length, self.device)
-            if compiled:
-                start, mask = static_form(mask, B, T, cache.length, tokens.device)
+        start, mask = resolve_call(cache, B, T, attention_mask, slots, compiled, tokens.device, "draft cache")
         if positions.dim() == 1:
             positions = positions.expand(B, T)
         if compiled:

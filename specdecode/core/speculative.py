@@ -22,6 +22,7 @@ from typing import Protocol, cast
 import torch
 from torch import Tensor
 
+from specdecode.core.attention import rows_mask
 from specdecode.core.engine import DecodeStep, check_context
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
@@ -248,9 +249,8 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> No
     real = t[None, :] < torch.tensor(counts, device=device)[:, None]  # [n, T]
     slots = torch.where(real, starts[:, None] + t, cache.max_len)  # padding: the scratch slot
     positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
-    keys = torch.arange(max(r.dlength + c for r, c in zip(rows, counts, strict=True)), device=device)
-    mask = keys[None, None, :] <= (starts[:, None] + t)[:, :, None]  # causal over each row's own cache
-    mask = torch.where(real[:, :, None], mask, keys[None, None, :] == 0)  # padding sees one key: no NaN
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril() & real[:, None, :]  # [n, T, T]
+    mask = rows_mask(starts, causal, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
     logits, out = drafter(tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
     for b, row in enumerate(rows):
         if counts[b]:
@@ -288,13 +288,11 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
     n_cand = k
     for depth in range(1, config.num_steps):
         used = (depth - 1) * k  # entries of earlier levels
-        entries = prefix[:, None] + torch.arange(used + k, device=device)  # [n, used + k]
-        keys = torch.arange(int(prefix.max()) + used + k, device=device)
-        mask = (keys[None, None, :] < prefix[:, None, None]).expand(n, k, -1).clone()
-        mask.scatter_(2, entries[:, None, :].expand(n, k, -1), torch.cat((ancestors, own), -1))
+        mask = rows_mask(prefix, torch.cat((ancestors, own), -1), int(prefix.max()) + used + k)
         positions = (root_pos - 1 + depth)[:, None].expand(n, k)
+        slots = prefix[:, None] + used + torch.arange(k, device=device)
         logits, hidden = drafter(drafter.to_target_ids(f_ids), f_hidden, positions, cache, attention_mask=mask,
-                                 slots=entries[:, used:])
+                                 slots=slots)
         child_logp, child_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # [n, k, k]
         child_score = (f_score[:, :, None] + child_logp).flatten(1)  # [n, k*k]
         cand_ids.append(child_ids.flatten(1))
@@ -338,9 +336,7 @@ def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], tr
     n, N, device = len(rows), trees[0].size, target.device
     lengths = torch.tensor([r.length for r in rows], device=device)
     slots = lengths[:, None] + torch.arange(N, device=device)  # [n, N]
-    keys = torch.arange(int(lengths.max()) + N, device=device)
-    mask = (keys[None, None, :] < lengths[:, None, None]).expand(n, N, -1).clone()
-    mask.scatter_(2, slots[:, None, :].expand(n, N, N), torch.stack([t.mask for t in trees]))
+    mask = rows_mask(lengths, torch.stack([t.mask for t in trees]), int(lengths.max()) + N)
     positions = lengths[:, None] + torch.stack([t.depths for t in trees])
     out = target(torch.stack([t.tokens for t in trees]), positions, cache, attention_mask=mask,
                  hidden_layers=aux_layers, slots=slots)

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specdecode.core.attention import apply_rope, rope_cos_sin
 from specdecode.core.drafter import Eagle3Drafter
-from specdecode.core.model import Transformer, apply_rope, rope_cos_sin
+from specdecode.core.model import Transformer
 from specdecode.training.dataset import DataSet
 
 

@@ -168,7 +168,7 @@ def test_config_rejects_bad_heads():
 
 @pytest.mark.parametrize("T,masked", [(1, False), (1, True), (5, True), (16, True)])
 def test_small_query_attention_matches_sdpa(T, masked):
-    from specdecode.core.model import small_query_attention
+    from specdecode.core.attention import small_query_attention
 
     torch.manual_seed(T)
     B, H, KV, S, D = 2, 6, 2, 40, 16
