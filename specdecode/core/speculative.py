@@ -237,20 +237,27 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> No
         raise ValueError("a row's prompt goes through the drafter with start_draft first")
     n, device = len(rows), cache.k[0].device
     T = max(counts)
-    first = next(r for r in rows if r.pending_hidden).pending_hidden[0]
-    hidden = torch.zeros(n, T, first.shape[-1], dtype=first.dtype, device=device)
-    tokens = torch.zeros(n, T, dtype=torch.long, device=device)
-    for b, row in enumerate(rows):
-        if counts[b]:
-            hidden[b, :counts[b]] = torch.cat(row.pending_hidden)
-            tokens[b, :counts[b]] = torch.tensor(row.pending_tokens, device=device)
     t = torch.arange(T, device=device)
     starts = torch.tensor([r.dlength for r in rows], device=device)
-    real = t[None, :] < torch.tensor(counts, device=device)[:, None]  # [n, T]
-    slots = torch.where(real, starts[:, None] + t, cache.max_len)  # padding: the scratch slot
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    if min(counts) == T:  # no padding (always so for a request alone): no padded copies to fill
+        hidden = torch.stack([torch.cat(r.pending_hidden) for r in rows])
+        tokens = torch.tensor([r.pending_tokens for r in rows], device=device)
+        slots = starts[:, None] + t
+        local = causal.expand(n, T, T)
+    else:
+        first = next(r for r in rows if r.pending_hidden).pending_hidden[0]
+        hidden = torch.zeros(n, T, first.shape[-1], dtype=first.dtype, device=device)
+        tokens = torch.zeros(n, T, dtype=torch.long, device=device)
+        for b, row in enumerate(rows):
+            if counts[b]:
+                hidden[b, :counts[b]] = torch.cat(row.pending_hidden)
+                tokens[b, :counts[b]] = torch.tensor(row.pending_tokens, device=device)
+        real = t[None, :] < torch.tensor(counts, device=device)[:, None]  # [n, T]
+        slots = torch.where(real, starts[:, None] + t, cache.max_len)  # padding: the scratch slot
+        local = causal & real[:, None, :]
     positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril() & real[:, None, :]  # [n, T, T]
-    mask = rows_mask(starts, causal, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
+    mask = rows_mask(starts, local, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
     logits, out = drafter(tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
     for b, row in enumerate(rows):
         if counts[b]:
