@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from specdecode.core.engine import Engine, GenerateOptions
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.model import Transformer
-from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start
+from specdecode.runtime.weights import WEIGHT_FORMATS
 
 DEFAULT_FORMATS = ("float32:native", "bfloat16:native", "bfloat16:int8", "float32:int8")
 

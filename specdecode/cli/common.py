@@ -10,12 +10,12 @@ from typing import Any
 from specdecode.core.compiled import COMPILE_MODES
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.kernels import KERNEL_MODES
-from specdecode.core.quant import WEIGHT_FORMATS
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
 from specdecode.runtime.autospec import SPEC_MODES
 from specdecode.runtime.decoders import DecoderSpec
 from specdecode.runtime.session import RuntimeConfig
+from specdecode.runtime.weights import WEIGHT_FORMATS
 
 _DEFAULT_SPEC = SpecConfig()
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from specdecode.runtime.weights import q4_unavailable
+
 AUTO = "auto"
 
 
@@ -82,16 +84,7 @@ def resolve_format(dtype: str, weights: str, source: Path, device: torch.device,
 
 
 def _weights(dtype: str, source: Path, device: torch.device, world_size: int) -> tuple[str, str]:
-    if source.suffix.lower() != ".gguf":
-        return "native", "not a GGUF file (its 4-bit blocks are what q4 runs)"
-    if dtype not in ("bfloat16", "bf16"):
-        return "native", f"{dtype} compute (no fast bf16 here) with the file's weights as they are"
-    if device.type != "cpu":
-        return "native", f"the 4-bit kernel is CPU-only (device {device})"
-    if world_size > 1:
-        return "native", f"tensor parallelism ({world_size} ranks) has no 4-bit path"
-    from specdecode.io.gguf import q4_layer_count
-
-    if q4_layer_count(source) == 0:
-        return "native", "the GGUF has no Q4_0/Q4_1 layers"
+    why_not = q4_unavailable(source, dtype, device, world_size)
+    if why_not is not None:
+        return "native", why_not
     return "q4", "the GGUF's own 4-bit blocks (README: 7.2 ms per step vs 12.2 ms bf16 native, perplexity +0.18%)"

@@ -14,8 +14,6 @@ import torch
 
 from specdecode.core.compiled import CompiledSteps, GraphKey
 from specdecode.core.kernels import KernelPlan
-from specdecode.core.quant import check_weight_format, quantize_weights
-from specdecode.io.gguf import apply_gguf_q4
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.runtime.autoformat import AUTO, resolve_format
 from specdecode.runtime.compiling import install_compiled, resolve_compile
@@ -23,6 +21,7 @@ from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
 from specdecode.runtime.sharding import CommMeter, apply_tensor_parallel
+from specdecode.runtime.weights import weight_format
 
 T = TypeVar("T")
 
@@ -37,7 +36,7 @@ class RuntimeConfig:
     dtype: str = AUTO  # float32 | bfloat16 | auto
     device: str = "cpu"
     threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
-    weights: str = AUTO  # core.quant.WEIGHT_FORMATS (native, int8, q4) or auto
+    weights: str = AUTO  # runtime.weights.WEIGHT_FORMATS (native, int8, q4) or auto
     kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
     compile: str = "auto"  # core.compiled.COMPILE_MODES: decode/verify steps compiled (runtime.compiling)
     long_running: bool = False  # serve, bench, sweep, data build: what --compile auto compiles for
@@ -100,26 +99,24 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
     if config.weights != AUTO:
-        check_weight_format(config.weights)  # before the model loads
+        weight_format(config.weights)  # an unknown name: refused before the model loads
     if config.dtype != AUTO:
         parse_dtype(config.dtype)
     check_kernel_mode(config.kernels)
     rank, size = world()
     use_compiled, compile_reason = resolve_compile(config.compile, config.long_running, size)
-    if size > 1 and config.weights not in ("native", AUTO):
-        raise ValueError(f"--weights {config.weights} with tensor parallelism is not supported; drop one of them")
+    if size > 1 and config.weights != AUTO and (refusal := weight_format(config.weights).refusal(None, size)):
+        raise ValueError(refusal)  # before resolving the model
     source, _ = resolve_model_dir(config.model)
     chosen = resolve_format(config.dtype, config.weights, source, device, size)
     config = replace(config, dtype=chosen.dtype, weights=chosen.weights)
     dtype = parse_dtype(config.dtype)
-    if config.weights == "q4" and source.suffix.lower() != ".gguf":
-        raise ValueError(f"--weights q4 runs a GGUF file's own 4-bit blocks; {source} is not a GGUF file "
-                         "(use --weights int8)")
+    fmt = weight_format(config.weights)
+    if (refusal := fmt.refusal(source, size)) is not None:
+        raise ValueError(refusal)
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
-    if config.weights == "q4" and apply_gguf_q4(loaded.model, loaded.source, dtype) == 0:
-        raise ValueError(f"--weights q4: {loaded.source} has no Q4_0/Q4_1 layer tensors (use --weights int8)")
-    quantize_weights(loaded.model, config.weights)
+    fmt.apply(loaded.model, loaded.source, dtype)
     plan = install_kernels(loaded.model, config.kernels, threads, device)
     compiled = install_compiled(loaded.model, device, on_compile) if use_compiled else None
     return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason, compiled,
