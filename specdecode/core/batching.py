@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -173,6 +173,19 @@ class SpecPolicy:
         for batch, spec in sorted(self.step_s):
             out.setdefault(str(batch), {})["spec" if spec else "plain"] = self.rate(batch, spec)
         return out
+
+
+@runtime_checkable
+class BatchableDecoder(Protocol):
+    """A decoder that continuous batching can run in its place: what it drafts with (None, None:
+    plain steps). ``engine.baseline_decode`` and ``speculative.Eagle3Decoder`` are two; a decoder
+    without these runs one request at a time (``serving.scheduler.SerialBatcher``)."""
+
+    @property
+    def drafter(self) -> Drafter | None: ...
+
+    @property
+    def spec(self) -> SpecConfig | None: ...
 
 
 class BatchEngine:

@@ -116,21 +116,30 @@ def check_context(model: Transformer, prompt_len: int, max_new_tokens: int, marg
     return need
 
 
-@torch.inference_mode()
-def baseline_decode(model: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
-                    sampling: SamplingParams, generator: torch.Generator | None = None
-                    ) -> Generator[DecodeStep, None, None]:
-    """Plain autoregressive decoding: one target forward per token."""
-    cache = model.new_cache(1, check_context(model, len(prompt_ids), max_new_tokens))
-    device = model.device
-    tokens = torch.tensor([list(prompt_ids)], device=device)
-    positions = torch.arange(len(prompt_ids), device=device)
-    logits = model(tokens, positions, cache, logits_at=torch.tensor([-1], device=device)).logits
-    for _ in range(max_new_tokens):
-        token = sample(logits[0, -1], sampling, generator)
-        yield DecodeStep([int(token)])
-        position = torch.tensor([cache.length], device=device)
-        logits = model(token.view(1, 1), position, cache).logits
+class BaselineDecoder:
+    """Plain autoregressive decoding: one target forward per token (``baseline_decode`` is the
+    instance). No drafter and no shape: continuous batching runs it as plain batched steps."""
+
+    drafter: None = None
+    spec: None = None
+
+    @torch.inference_mode()
+    def __call__(self, model: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
+                 sampling: SamplingParams, generator: torch.Generator | None = None
+                 ) -> Generator[DecodeStep, None, None]:
+        cache = model.new_cache(1, check_context(model, len(prompt_ids), max_new_tokens))
+        device = model.device
+        tokens = torch.tensor([list(prompt_ids)], device=device)
+        positions = torch.arange(len(prompt_ids), device=device)
+        logits = model(tokens, positions, cache, logits_at=torch.tensor([-1], device=device)).logits
+        for _ in range(max_new_tokens):
+            token = sample(logits[0, -1], sampling, generator)
+            yield DecodeStep([int(token)])
+            position = torch.tensor([cache.length], device=device)
+            logits = model(token.view(1, 1), position, cache).logits
+
+
+baseline_decode = BaselineDecoder()
 
 
 class TextAssembler:

@@ -493,6 +493,11 @@ class Eagle3Decoder:
         self.policies: list[ShapePolicy] = []  # the last request's policy (what it chose), for reports
 
     @property
+    def spec(self) -> SpecConfig:
+        """The shape continuous batching runs this decoder's requests with (``core.batching``)."""
+        return self.config
+
+    @property
     def max_depth(self) -> int:
         if self.adapt is None:
             return self.config.max_depth

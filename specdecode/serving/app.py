@@ -20,9 +20,8 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from specdecode.core.batching import BatchConfig, BatchEngine
-from specdecode.core.engine import Engine, TokenDecoder, baseline_decode
-from specdecode.core.speculative import Eagle3Decoder
+from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
+from specdecode.core.engine import Engine, TokenDecoder
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import APIError, install_error_handlers
@@ -77,10 +76,8 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
     model = loaded.model
     metrics = Metrics(max_depth=getattr(decoder, "max_depth", 0))
     batcher: Batcher
-    if engine is None and (decoder is baseline_decode or isinstance(decoder, Eagle3Decoder)):
-        spec = decoder if isinstance(decoder, Eagle3Decoder) else None
-        batcher = BatchEngine(model, loaded.tokenizer, spec.drafter if spec else None, spec.config if spec else None,
-                              batch)
+    if engine is None and isinstance(decoder, BatchableDecoder):  # it says what it drafts with
+        batcher = BatchEngine(model, loaded.tokenizer, decoder.drafter, decoder.spec, batch)
         context, margin = batcher.limit, batcher.margin
         log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, spec policy %s",
                  batch.slots, batcher.limit, batcher.pool_bytes() / 1e9, batcher.policy.name)

@@ -10,7 +10,14 @@ import random
 import pytest
 import torch
 
-from specdecode.core.batching import BatchConfig, BatchEngine, BatchFullError, SpecPolicy, generate_all
+from specdecode.core.batching import (
+    BatchableDecoder,
+    BatchConfig,
+    BatchEngine,
+    BatchFullError,
+    SpecPolicy,
+    generate_all,
+)
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import ContextLengthError, Engine, GenerateOptions, baseline_decode
 from specdecode.core.sampling import SamplingParams
@@ -217,3 +224,16 @@ def test_generate_all_matches_single_requests():
                 break
         assert g == ref
     assert done == dict(enumerate(got))
+
+
+def test_decoders_say_what_they_draft_with(model):
+    """The server batches a decoder by what it declares (``BatchableDecoder``), not by its type."""
+    assert isinstance(baseline_decode, BatchableDecoder) and baseline_decode.drafter is None
+    drafter = SelfDrafter(model, model, first_token=0)
+    decoder = Eagle3Decoder(drafter, SpecConfig(2, 2, 4))
+    assert isinstance(decoder, BatchableDecoder) and (decoder.drafter, decoder.spec) == (drafter, SpecConfig(2, 2, 4))
+
+    def custom(model, prompt_ids, max_new_tokens, sampling, generator):
+        yield from ()
+
+    assert not isinstance(custom, BatchableDecoder)  # served one request at a time
