@@ -11,6 +11,7 @@ its own cache) into the same shape.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -99,19 +100,26 @@ def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tup
     return torch.cat((freqs, freqs), dim=-1)[:, None].cos().to(dtype), torch.cat((-sin, sin), dim=-1)[:, None].to(dtype)
 
 
-def rows_mask(prefix: Tensor, local: Tensor, span: int) -> Tensor:
+def rows_mask(prefix: Sequence[int], local: Tensor, span: int) -> Tensor:
     """The mask of a batch of rows, [n, T, span] bool (True = attend): row b's queries see its
     first ``prefix[b]`` keys, and key ``prefix[b] + j`` where ``local[b, t, j]`` ([n, T, L]: causal
     for new tokens, a tree's ancestors). Local entries past ``span`` must be False (padding of rows
     shorter than the longest). A query that would see nothing (padding) sees key 0, so its softmax
-    stays finite."""
+    stays finite. ``prefix`` is host ints (the rows' lengths, known without a device sync)."""
     n, T, L = local.shape
-    device = prefix.device
-    keys = torch.arange(span, device=device)
-    mask = (keys[None, None, :] < prefix[:, None, None]).expand(n, T, span).to(torch.uint8)
-    at = (prefix[:, None] + torch.arange(L, device=device)).clamp(max=span - 1)  # clamped: False entries only
-    mask = mask.scatter_reduce(2, at[:, None, :].expand(n, T, L), local.to(torch.uint8), reduce="amax").bool()
-    mask[:, :, 0] |= ~mask.any(-1)
+    device = local.device
+    p = prefix[0]
+    if all(x == p for x in prefix) and p + L <= span:  # one length (a request alone): three pieces, no scatter
+        mask = torch.cat((torch.ones(n, T, p, dtype=torch.bool, device=device), local,
+                          torch.zeros(n, T, span - p - L, dtype=torch.bool, device=device)), dim=-1)
+    else:
+        starts = torch.tensor(list(prefix), device=device)
+        keys = torch.arange(span, device=device)
+        base = (keys[None, None, :] < starts[:, None, None]).expand(n, T, span).to(torch.uint8)
+        at = (starts[:, None] + torch.arange(L, device=device)).clamp(max=span - 1)  # clamped: False entries only
+        mask = base.scatter_reduce(2, at[:, None, :].expand(n, T, L), local.to(torch.uint8), reduce="amax").bool()
+    if min(prefix) == 0:  # only then can a query see nothing
+        mask[:, :, 0] |= ~mask.any(-1)
     return mask
 
 

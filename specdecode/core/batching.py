@@ -348,7 +348,8 @@ class BatchEngine:
         n, device = self.decoding, self.model.device
         rows = self.rows[:n]
         lengths = self._lengths(n)
-        mask = rows_mask(lengths, torch.ones(n, 1, 1, dtype=torch.bool, device=device), int(lengths.max()) + 1)
+        mask = rows_mask([r.length for r in rows], torch.ones(n, 1, 1, dtype=torch.bool, device=device),
+                         max(r.length for r in rows) + 1)
         aux = self._aux()
         out = self.model(torch.tensor([[r.root] for r in rows], device=device), lengths[:, None],
                          self.tpool.rows(0, n), attention_mask=mask, hidden_layers=aux, slots=lengths[:, None])

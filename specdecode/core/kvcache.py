@@ -59,6 +59,14 @@ class KVCache:
                 v[:, :, start:start + n] = v[:, :, slots]
         self.length = start + n
 
+    def keep_row(self, row: int, start: int, slots: Tensor) -> None:
+        """``keep`` for one row of a pool (its length is the caller's, as rows' lengths are):
+        slots ``slots`` of that row moved to ``start, start+1, ...``."""
+        n = slots.numel()
+        for k, v in zip(self.k, self.v, strict=True):
+            k[row, :, start:start + n] = k[row, :, slots]
+            v[row, :, start:start + n] = v[row, :, slots]
+
     def copy_row(self, src: int, dst: int, used: int) -> None:
         """Row ``src``'s first ``used`` slots into row ``dst``."""
         if used:

@@ -146,8 +146,8 @@ class DraftTree:
 
 @dataclass
 class Verification:
-    logits: Tensor  # [N, V] target logits at each node
-    hidden: Tensor  # [N, n_aux * H] fused target taps at each node
+    logits: Tensor  # [N, V] target logits at each node ([n, N, V] for a batch of rows)
+    hidden: Tensor  # [N, n_aux * H] fused target taps at each node ([n, N, W] for a batch)
 
 
 @dataclass
@@ -257,7 +257,7 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> No
         slots = torch.where(real, starts[:, None] + t, cache.max_len)  # padding: the scratch slot
         local = causal & real[:, None, :]
     positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
-    mask = rows_mask(starts, local, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
+    mask = rows_mask([r.dlength for r in rows], local, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
     logits, out = drafter(tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
     for b, row in enumerate(rows):
         if counts[b]:
@@ -288,16 +288,17 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
     frontier = torch.arange(k, device=device).expand(n, k)  # candidate indices of the frontier
     f_hidden = torch.stack([s.hidden for s in states if s is not None])[:, None].expand(n, k, -1)
     f_score, f_ids = score, draft_ids
-    prefix = torch.tensor([r.dlength for r in rows], device=device)  # up to and including the root's pair
-    root_pos = torch.tensor([r.length for r in rows], device=device)
-    own = torch.eye(k, dtype=torch.bool, device=device).expand(n, k, k)
-    ancestors = torch.zeros(n, k, 0, dtype=torch.bool, device=device)  # frontier x earlier levels' entries
+    prefix = [r.dlength for r in rows]  # up to and including the root's pair
+    if config.num_steps > 1:
+        own = torch.eye(k, dtype=torch.bool, device=device).expand(n, k, k)
+        ancestors = torch.zeros(n, k, 0, dtype=torch.bool, device=device)  # frontier x earlier levels' entries
     n_cand = k
     for depth in range(1, config.num_steps):
         used = (depth - 1) * k  # entries of earlier levels
-        mask = rows_mask(prefix, torch.cat((ancestors, own), -1), int(prefix.max()) + used + k)
-        positions = (root_pos - 1 + depth)[:, None].expand(n, k)
-        slots = prefix[:, None] + used + torch.arange(k, device=device)
+        mask = rows_mask(prefix, torch.cat((ancestors, own), -1), max(prefix) + used + k)
+        # positions and slots from the rows' host lengths: one small copy each, no arithmetic on the device
+        positions = torch.tensor([[r.length - 1 + depth] * k for r in rows], device=device)
+        slots = torch.tensor([[p + used + j for j in range(k)] for p in prefix], device=device)
         logits, hidden = drafter(drafter.to_target_ids(f_ids), f_hidden, positions, cache, attention_mask=mask,
                                  slots=slots)
         child_logp, child_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # [n, k, k]
@@ -307,15 +308,19 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
         cand_parent.append(frontier.repeat_interleave(k, dim=1))
         cand_depth.append(depth + 1)
         best = child_score.topk(k, dim=-1).indices  # [n, k]: the next frontier among the k*k children
+        frontier = n_cand + best
+        n_cand += k * k
+        if k == 1:  # a chain: the one child goes on, every earlier entry is its ancestor
+            ancestors = torch.ones(n, 1, used + 1, dtype=torch.bool, device=device)
+            f_hidden, f_score, f_ids = hidden, child_score, child_ids.flatten(1)
+            continue
         src = best // k  # which frontier node each came from
         new_anc = torch.zeros(n, k, used + k, dtype=torch.bool, device=device)
         new_anc[:, :, :used] = ancestors.gather(1, src[:, :, None].expand(n, k, used))
         new_anc.scatter_(2, used + src[:, :, None], True)
         ancestors = new_anc
-        frontier = n_cand + best
         f_hidden = hidden.gather(1, src[:, :, None].expand(n, k, hidden.shape[-1]))
         f_score, f_ids = child_score.gather(1, best), child_ids.flatten(1).gather(1, best)
-        n_cand += k * k
 
     ids, scores, parents = torch.cat(cand_ids, 1), torch.cat(cand_score, 1).tolist(), torch.cat(cand_parent, 1)
     depth_of = [d for c, d in zip(cand_ids, cand_depth, strict=True) for _ in range(c.shape[1])]
@@ -337,18 +342,17 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
 
 
 def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTree],
-                aux_layers: Sequence[int]) -> list[Verification]:
+                aux_layers: Sequence[int]) -> Verification:
     """One target forward over every row's tree (per-row tree masks, positions by depth, the nodes
-    written after each row's entries)."""
-    n, N, device = len(rows), trees[0].size, target.device
+    written after each row's entries): logits [n, N, V] and fused taps [n, N, W]."""
+    N, device = trees[0].size, target.device
     lengths = torch.tensor([r.length for r in rows], device=device)
     slots = lengths[:, None] + torch.arange(N, device=device)  # [n, N]
-    mask = rows_mask(lengths, torch.stack([t.mask for t in trees]), int(lengths.max()) + N)
+    mask = rows_mask([r.length for r in rows], torch.stack([t.mask for t in trees]), max(r.length for r in rows) + N)
     positions = lengths[:, None] + torch.stack([t.depths for t in trees])
     out = target(torch.stack([t.tokens for t in trees]), positions, cache, attention_mask=mask,
                  hidden_layers=aux_layers, slots=slots)
-    hidden = torch.cat(out.hidden_states, dim=-1)
-    return [Verification(out.logits[b], hidden[b]) for b in range(n)]
+    return Verification(out.logits, torch.cat(out.hidden_states, dim=-1))
 
 
 def accept_greedy(tree: DraftTree, ver: Verification, choice: list[int] | None = None) -> Acceptance:
@@ -389,22 +393,22 @@ def accept_sampling(tree: DraftTree, ver: Verification, params: SamplingParams,
 
 
 def accept_rows(cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTree],
-                vers: Sequence[Verification]) -> list[Acceptance]:
+                ver: Verification) -> list[Acceptance]:
     """Each row's accepted path (greedy or sampled, its own parameters and generator); the path's
     entries compacted in the target cache, its taps and tokens left for the drafter, the bonus
-    token the new root."""
-    device = cache.k[0].device if cache.k else torch.device("cpu")
-    greedy = (greedy_argmax(torch.stack([v.logits for v in vers])).tolist()
-              if any(r.sampling.greedy for r in rows) else [])
+    token the new root. ``ver``: the batch's (``verify_rows``)."""
+    greedy = greedy_argmax(ver.logits).tolist() if any(r.sampling.greedy for r in rows) else []
     accepted = []
-    for b, (row, tree, ver) in enumerate(zip(rows, trees, vers, strict=True)):
-        acc = (accept_greedy(tree, ver, greedy[b]) if row.sampling.greedy
-               else accept_sampling(tree, ver, row.sampling, row.generator))
+    for b, (row, tree) in enumerate(zip(rows, trees, strict=True)):
+        mine = Verification(ver.logits[b], ver.hidden[b])
+        acc = (accept_greedy(tree, mine, greedy[b]) if row.sampling.greedy
+               else accept_sampling(tree, mine, row.sampling, row.generator))
         start = row.length
-        cache.rows(b, b + 1, start).keep(start, torch.tensor(acc.path, device=device) + start)
+        if acc.path != list(range(len(acc.path))):  # a chain's path is in place already
+            cache.keep_row(b, start, torch.tensor(acc.path, device=ver.logits.device) + start)
         row.length = start + len(acc.path)
         new_tokens = acc.new_tokens(tree)
-        row.pending_hidden.append(ver.hidden[acc.path])
+        row.pending_hidden.append(mine.hidden[acc.path])
         row.pending_tokens += new_tokens
         row.root = new_tokens[-1]
         accepted.append(acc)
@@ -431,9 +435,9 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
     clock.mark("extend")
     trees = draft_rows(drafter, dcache, rows, config)
     clock.mark("draft")
-    vers = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids)
+    ver = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids)
     clock.mark("verify")
-    accepted = accept_rows(tcache, rows, trees, vers)
+    accepted = accept_rows(tcache, rows, trees, ver)
     clock.mark("other")  # acceptance and cache compaction
     return CycleResult([a.new_tokens(t) for a, t in zip(accepted, trees, strict=True)],
                        [CycleRecord(t.size - 1, len(a.path) - 1, {}) for a, t in zip(accepted, trees, strict=True)],
