@@ -137,6 +137,7 @@ class Scheduler:
         self.batcher = batcher
         self.metrics = metrics
         self.max_queued = max_queued
+        self.slots = batcher.free_slots  # requests decoded together (read once: the worker owns the batcher)
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # id(job) -> job, admitted into the batch
@@ -164,7 +165,9 @@ class Scheduler:
         with self._cv:
             if self._closing:
                 raise shutting_down()
-            if len(self._waiting) >= self.max_queued:
+            # free slots the worker has not filled yet take waiting jobs too: a burst is refused only past
+            # slots + max_queued (counting queued alone refused the 5th of a burst with a slot still free)
+            if len(self._waiting) >= self.max_queued + max(0, self.slots - len(self._running)):
                 wait = self.retry_after_s()
                 raise APIError(503, f"the server is overloaded ({len(self._running)} requests running, "
                                     f"{len(self._waiting)} queued, the most it queues); retry in about {wait} s",

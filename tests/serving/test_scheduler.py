@@ -17,9 +17,12 @@ import httpx
 import pytest
 
 from specdecode.core.batching import BatchConfig
-from specdecode.core.engine import baseline_decode
+from specdecode.core.engine import GenerateOptions, baseline_decode
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.app import create_app
+from specdecode.serving.errors import APIError
+from specdecode.serving.metrics import Metrics
+from specdecode.serving.scheduler import Scheduler
 from tests.serving.helpers import (
     CHAT,
     COMPLETIONS,
@@ -225,3 +228,25 @@ def test_a_full_queue_answers_503_with_retry_after(loaded):
         assert statuses == [200, 200]  # the running and the queued one complete
     finally:
         running.stop()
+
+
+def test_a_burst_is_admitted_up_to_slots_plus_queue():
+    """Slots the worker has not filled yet take waiting requests too: with 2 slots and 4 queue places,
+    a burst of 20 arriving before the worker moves any gets 6 in and 14 refused (it was 4 in)."""
+    class Idle:  # a batcher the (unstarted) worker never touches
+        active, free_slots = 0, 2
+
+    scheduler = Scheduler(Idle(), Metrics(max_depth=0), max_queued=4)  # type: ignore[arg-type]
+
+    async def burst():
+        outcomes = []
+        for _ in range(20):
+            try:
+                scheduler.submit([1, 2, 3], GenerateOptions(max_new_tokens=1))
+                outcomes.append(200)
+            except APIError as e:
+                outcomes.append(e.status)
+        return outcomes
+
+    outcomes = asyncio.run(burst())
+    assert outcomes == [200] * 6 + [503] * 14 and scheduler.load() == (0, 6)
