@@ -80,11 +80,20 @@ def schema_error(e: ValidationError) -> APIError:
     # Of the alternatives a union reports, the deepest location is the most specific, and
     # a broken constraint says more than "wrong type" from a branch the client did not mean.
     err = max(errors, key=lambda x: (len(x["loc"]), not x["type"].endswith("_type")))
-    path = [p for p in err["loc"] if isinstance(p, int) or _is_field_name(p)]
+    path = _field_path(err)
     if not path:
         return APIError(400, f"the request body must be a JSON object ({err['msg']})")
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
-    return APIError(400, f"invalid '{param}': {err['msg']}", param=param)
+    msg = err["msg"]
+    # a value of none of a union's types (stop: 5): say every type the field takes, not the first
+    kinds = [x["msg"] for x in errors if _field_path(x) == path and x["type"].endswith("_type")]
+    if err["type"].endswith("_type") and len(kinds) > 1:
+        msg = kinds[0] + "".join(" or " + k.removeprefix("Input should be ") for k in kinds[1:])
+    return APIError(400, f"invalid '{param}': {msg}", param=param)
+
+
+def _field_path(err: Any) -> list[int | str]:
+    return [p for p in err["loc"] if isinstance(p, int) or _is_field_name(p)]
 
 
 def validate_body(body: bytes, schema: type[GenerationBody], model_name: str) -> GenerationBody:
@@ -100,6 +109,12 @@ def validate_body(body: bytes, schema: type[GenerationBody], model_name: str) ->
     for name in UNSUPPORTED_FIELDS:
         if (req.model_extra or {}).get(name) not in (None, False, 0, "", [], {}):
             raise APIError(400, f"'{name}' is not supported by this server", param=name, code="unsupported")
+    fmt = (req.model_extra or {}).get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:  # json_object / json_schema: a promise of JSON we cannot keep
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        raise APIError(400, f"response_format {kind!r} is not supported by this server: it generates free text "
+                            "(drop the field, or send {\"type\": \"text\"})", param="response_format",
+                       code="unsupported")
     for name in ("n", "best_of"):
         if getattr(req, name) not in (None, 1):
             raise APIError(400, f"only {name}=1 is supported, got {getattr(req, name)}", param=name)
