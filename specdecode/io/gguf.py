@@ -49,15 +49,25 @@ def _gguf_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return field.contents()
 
 
+def open_gguf(path: Path) -> GGUFReader:
+    """The one way a GGUF is opened here: a file the gguf package cannot read (a copy cut short, a
+    download that stopped, another format) is a ModelLoadError saying so, with its size."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError/struct errors/IndexError on bad files
+        size = path.stat().st_size if path.exists() else 0
+        raise ModelLoadError(f"{path}: not a readable GGUF file, truncated or corrupt ({size:,} bytes; "
+                             f"{type(e).__name__}: {e}); copy or download it again") from e
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a llama-architecture GGUF into ``out_dir`` as an HF model directory."""
     import gguf
     from safetensors.torch import save_file
 
-    try:
-        reader = gguf.GGUFReader(str(gguf_path))
-    except Exception as e:  # gguf raises ValueError/struct errors/IndexError on bad files
-        raise ModelLoadError(f"{gguf_path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    reader = open_gguf(gguf_path)
     arch = _gguf_field(reader, "general.architecture")
     if arch != "llama":
         raise ModelLoadError(f"{gguf_path}: GGUF architecture {arch!r} is not supported (only 'llama')")
@@ -145,9 +155,8 @@ _Q4_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 def q4_layer_count(gguf_path: Path) -> int:
     """How many of a GGUF's layer tensors (``blk.*``) are Q4_0/Q4_1 blocks (what ``--weights q4``
     runs); read from the header and tensor table (memory-mapped, no data copied)."""
-    import gguf
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = open_gguf(gguf_path)
     return sum(t.name.startswith("blk.") and t.tensor_type.name in _Q4_BLOCK_BYTES for t in reader.tensors)
 
 
@@ -171,14 +180,13 @@ def apply_gguf_q4(model: nn.Module, gguf_path: Path, dtype: torch.dtype) -> int:
     tensors are all Q4_0/Q4_1 with ``core.quant.Int4Linear`` on the file's own blocks (Q/K rows
     un-permuted as the loader does). Returns how many layers changed; the caller puts the rest
     (e.g. a Q8_0 lm_head) in another format."""
-    import gguf
 
     from specdecode.core.model import DecoderLayer, Transformer
     from specdecode.core.quant import Int4Linear
 
     if not isinstance(model, Transformer):
         raise TypeError("apply_gguf_q4 takes a core.model.Transformer")
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = open_gguf(gguf_path)
     n_heads = int(_gguf_field(reader, "llama.attention.head_count"))
     n_kv = int(_gguf_field(reader, "llama.attention.head_count_kv", n_heads))
     tensors = {t.name: t for t in reader.tensors}

@@ -87,3 +87,19 @@ def test_invalid_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="invalid JSON"):
         load_hf_dir(tmp_path, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("keep", [1000, 20_000_000])  # cut inside the header, then inside the tensor data
+def test_truncated_gguf_says_truncated_everywhere_it_is_read(tmp_path, monkeypatch, keep):
+    """The default GGUF cut short (a copy or download that stopped): loading it and counting its 4-bit
+    layers (``--weights auto``) both say what is wrong and what to do, not gguf's IndexError."""
+    from specdecode.io.gguf import q4_layer_count
+    from specdecode.io.paths import default_model_path
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    cut = tmp_path / "cut.gguf"
+    with open(default_model_path(), "rb") as src:
+        cut.write_bytes(src.read(keep))
+    for read in (load_model, q4_layer_count):
+        with pytest.raises(ModelLoadError, match=r"cut.gguf: not a readable GGUF file, truncated or corrupt .*again"):
+            read(cut)
