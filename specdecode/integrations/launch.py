@@ -134,7 +134,14 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
             notes.append(f"drafter ids are in SGLang's convention: exported a vLLM copy to {target}")
         drafter = str(target)
     spec = cfg.spec
-    cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=spec.num_steps, topk=spec.topk,
+    steps = spec.num_steps
+    if spec.topk == 1 and spec.max_depth < spec.num_steps:
+        # a chain verifies num_draft_tokens - 1 drafted tokens: that is the depth we draft, and the
+        # engines would draft num_steps (SGLang's chain check, vLLM's num_speculative_tokens)
+        steps = spec.max_depth
+        notes.append(f"a chain of --num-steps {spec.num_steps} with --num-draft-tokens {spec.num_draft_tokens} drafts "
+                     f"{steps} token(s) per cycle: passing {steps} step(s) to {cfg.engine}")
+    cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=steps, topk=spec.topk,
                          num_draft_tokens=spec.num_draft_tokens, host=cfg.host, port=cfg.port,
                          extra=list(cfg.engine_args))
     profile = load_profile(cfg.launch_profile) if cfg.launch_profile else None

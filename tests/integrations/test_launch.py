@@ -48,6 +48,11 @@ def test_launch_vllm_dry_run_uses_a_vllm_convention_drafter(profile_env):
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 2
     assert spec["model"].endswith("-vllm") and "would export a vLLM copy" in out.stderr
+    chain = specdecode("launch", "vllm", "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "2", "--dry-run",
+                       env=profile_env)  # a chain of 3 steps verifying 2 tokens drafts 1: the engine gets 1
+    argv = shlex.split(chain.stdout.strip())
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 1
+    assert "drafts 1 token(s) per cycle: passing 1 step(s) to vllm" in chain.stderr
     bad = specdecode("launch", "vllm", "--topk", "2", "--dry-run", env=profile_env, check=False)
     assert bad.returncode == 2 and "use --topk 1" in bad.stderr
     missing = specdecode("launch", "vllm", env=profile_env, check=False)  # not installed on this machine
