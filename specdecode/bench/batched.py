@@ -29,6 +29,7 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     engine = BatchEngine(loaded.model, loaded.tokenizer, drafter, decoder.config,
                          BatchConfig(slots=concurrency, spec_policy=policy))
     engine.allocate()
+    engine.calibrate(prompt_ids[0])  # 'auto' fixes its choice per batch size first (untimed), as serve does
     options = GenerateOptions(max_new_tokens)
     joined: dict[int, float] = {}
     first: dict[int, float] = {}

@@ -52,8 +52,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"prompt tokens prefilled per step, so a long prompt does not stall the running "
                         f"requests (default: {b.prefill_chunk})")
     g.add_argument("--spec-policy", choices=SPEC_POLICIES, default=b.spec_policy,
-                   help="when to speculate: always, never, or auto (predict both modes' tokens/s at each batch "
-                        f"size from measured step times and accept length, take the faster; default: {b.spec_policy})")
+                   help="when to speculate: always, never, auto (both modes timed per batch size bucket before "
+                        "serving, the faster kept: the choice is a function of the batch size, so a repeated greedy "
+                        "or seeded request gives the same answer), or adaptive (re-decided from step times while "
+                        f"serving: follows the load, but in bf16 a repeated request may change; default: "
+                        f"{b.spec_policy})")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help="seconds a shutdown waits for running requests (default: 30)")
     g.add_argument("--log-interval", type=float, default=d.log_interval,

@@ -23,6 +23,7 @@ would get alone: greedy output identical (tested in float64), sampling exact per
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -53,8 +54,13 @@ from specdecode.core.speculative import (
     start_draft,
 )
 
-SpecPolicyName = Literal["always", "never", "auto"]
-SPEC_POLICIES: tuple[SpecPolicyName, ...] = ("always", "never", "auto")
+SpecPolicyName = Literal["always", "never", "auto", "adaptive"]
+SPEC_POLICIES: tuple[SpecPolicyName, ...] = ("always", "never", "auto", "adaptive")
+# 'auto' measures both modes once per batch size bucket before serving (``BatchEngine.calibrate``), so its
+# choice is a function of the batch size: a greedy or seeded request gives the same answer every time.
+# 'adaptive' (the earlier 'auto') re-decides from step times measured while serving: it follows the load,
+# but bf16 rounds plain and speculative steps differently, so a repeated request can change (issue 26).
+CALIBRATION_STEPS = 4  # timed steps of each mode per batch size bucket
 
 # Under 'auto', plain steps still collect the target's taps so the drafter can catch up when
 # speculation resumes; past this many pending pairs a row's drafter catches up anyway.
@@ -121,7 +127,9 @@ class StepReport:
 
 
 class SpecPolicy:
-    """When to speculate, per batch size. 'always' and 'never' are fixed; 'auto' predicts both
+    """When to speculate, per batch size. 'always' and 'never' are fixed; 'auto' takes, per batch
+    size bucket (powers of two), the mode ``BatchEngine.calibrate`` measured faster before serving
+    (speculative until calibrated, and for buckets it could not measure); 'adaptive' predicts both
     modes' tokens per second at the batch's size and takes the faster: a plain step gives one
     token per row, a speculative step the measured accept length per row (counted over every
     speculative step, whatever its size: acceptance is a property of drafter and prompts), each
@@ -139,6 +147,7 @@ class SpecPolicy:
         self.steps: dict[int, int] = {}
         self.spec_tokens = 0.0  # tokens of speculative steps (slowly forgotten) ...
         self.spec_rows = 0.0  # ... over the rows they decoded: the accept length per row
+        self.calibrated: dict[int, bool] = {}  # 'auto': batch size bucket -> speculate (BatchEngine.calibrate)
 
     @property
     def accept_length(self) -> float:
@@ -149,8 +158,11 @@ class SpecPolicy:
         return batch * (self.accept_length if spec else 1.0) / max(self.step_s[batch, spec], 1e-9)
 
     def choose(self, batch: int) -> bool:
-        if self.name != "auto":
+        if self.name in ("always", "never"):
             return self.name == "always"
+        if self.name == "auto":
+            buckets = [b for b in self.calibrated if b <= batch]
+            return self.calibrated[max(buckets)] if buckets else True
         for spec in (True, False):
             if self.seen.get((batch, spec), 0) < self.warmup:
                 return spec
@@ -166,6 +178,15 @@ class SpecPolicy:
         if spec:
             self.spec_tokens = self.accept_decay * self.spec_tokens + tokens
             self.spec_rows = self.accept_decay * self.spec_rows + batch
+
+    def decide(self, batch: int, plain_s: float, spec_s: float, spec_tokens: float) -> bool:
+        """'auto' for this batch size bucket from one calibration: speculate when its steps' tokens
+        per second (``spec_tokens`` per ``spec_s``) beat a plain step's ``batch`` per ``plain_s``."""
+        self.calibrated[batch] = spec_tokens / max(spec_s, 1e-9) >= batch / max(plain_s, 1e-9)
+        for spec, seconds in ((False, plain_s), (True, spec_s)):
+            self.step_s[batch, spec] = seconds
+        self.spec_tokens, self.spec_rows = spec_tokens, float(batch)
+        return self.calibrated[batch]
 
     def to_dict(self) -> dict[str, dict[str, float]]:
         """Predicted tokens/s per batch size and mode (for logs and reports)."""
@@ -223,6 +244,39 @@ class BatchEngine:
                 extra = self.spec.num_steps * self.spec.topk + 1
                 dpool = self.drafter.new_cache(self.limit + extra, self.config.slots)
             self._pools = tpool, dpool
+
+    def calibrate(self, prompt_ids: Sequence[int], steps: int = CALIBRATION_STEPS) -> dict[int, bool]:
+        """'auto': time plain and speculative steps (alternating, the median of ``steps`` each) at every
+        batch size bucket up to the slots, on rows that all decode ``prompt_ids`` (greedy), and fix the
+        choice per bucket; then the pool is empty again. Call it before any request (``serve`` does, on
+        its worker thread); a no-op for the other policies. Returns bucket -> speculate."""
+        if self.policy.name != "auto" or self.rows:
+            return dict(self.policy.calibrated)
+        options = GenerateOptions(max_new_tokens=self.limit - len(prompt_ids) - self.margin, stop_token_ids=())
+        self.check(len(prompt_ids), options)
+        buckets, b = [], 1
+        while b < self.config.slots:
+            buckets.append(b)
+            b *= 2
+        buckets.append(self.config.slots)
+        for b in buckets:
+            for i in range(b):
+                self.add(("calibrate", i), prompt_ids, options)
+            while self.decoding < b:
+                self._prefill_chunk(StepReport())
+            times: dict[bool, list[float]] = {False: [], True: []}
+            tokens = 0
+            for _ in range(steps):
+                for spec in (False, True):
+                    report = StepReport()
+                    t0 = time.perf_counter()
+                    (self._spec_step if spec else self._plain_step)(report)
+                    times[spec].append(time.perf_counter() - t0)
+                    tokens += report.tokens if spec else 0
+            self.policy.decide(b, statistics.median(times[False]), statistics.median(times[True]), tokens / steps)
+            for i in range(b):
+                self.remove(("calibrate", i))
+        return dict(self.policy.calibrated)
 
     def pool_bytes(self) -> int:
         """Bytes of the target's KV pool (the drafter's is one layer more, small)."""

@@ -15,6 +15,8 @@ import contextlib
 import copy
 import hmac
 import logging
+import time
+from functools import partial
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -64,6 +66,20 @@ class _CountRequests:
             raise
 
 
+# The prompt every calibration row decodes (greedy) while --spec-policy auto times both modes per batch size.
+CALIBRATION_CHAT = [{"role": "user", "content": "Explain in a few sentences how a bicycle stays upright."}]
+
+
+def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
+    t0 = time.perf_counter()
+    log.info("spec policy auto: timing plain and speculative steps per batch size before serving ...")
+    chosen = batcher.calibrate(prompt_ids)
+    rates = batcher.policy.to_dict()
+    log.info("spec policy auto (%.1f s): %s", time.perf_counter() - t0, ", ".join(
+        f"batch {b}: {'speculative' if spec else 'plain'} ({rates[str(b)]['spec']:.0f} vs {rates[str(b)]['plain']:.0f} "
+        "tok/s)" for b, spec in sorted(chosen.items())))
+
+
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
                log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None,
@@ -76,8 +92,11 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
     model = loaded.model
     metrics = Metrics(max_depth=getattr(decoder, "max_depth", 0))
     batcher: Batcher
+    prepare = None
     if engine is None and isinstance(decoder, BatchableDecoder):  # it says what it drafts with
         batcher = BatchEngine(model, loaded.tokenizer, decoder.drafter, decoder.spec, batch)
+        if batcher.policy.name == "auto":
+            prepare = partial(_calibrate, batcher, loaded.tokenizer.encode_chat(CALIBRATION_CHAT))
         context, margin = batcher.limit, batcher.margin
         log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, spec policy %s",
                  batch.slots, batcher.limit, batcher.pool_bytes() / 1e9, batcher.policy.name)
@@ -87,7 +106,7 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
         context = model.config.max_position_embeddings
         margin = getattr(spec_config, "num_draft_tokens", 0) or 0
     state = ServerState(
-        scheduler=Scheduler(batcher, metrics, max_queued),
+        scheduler=Scheduler(batcher, metrics, max_queued, prepare),
         metrics=metrics,
         # Request parsing runs on the event loop while the worker decodes: separate
         # tokenizer objects keep the two threads from sharing one Rust tokenizer.

@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Generator, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -133,8 +133,10 @@ class Scheduler:
     """One worker thread running a ``Batcher``, a bounded FIFO of waiting jobs, and the shutdown
     sequence."""
 
-    def __init__(self, batcher: Batcher, metrics: Metrics, max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+    def __init__(self, batcher: Batcher, metrics: Metrics, max_queued: int = DEFAULT_MAX_QUEUED,
+                 prepare: Callable[[], None] | None = None) -> None:
         self.batcher = batcher
+        self.prepare = prepare  # run on the worker thread before the first request (spec policy calibration)
         self.metrics = metrics
         self.max_queued = max_queued
         self.slots = batcher.free_slots  # requests decoded together (read once: the worker owns the batcher)
@@ -234,6 +236,11 @@ class Scheduler:
 
     def _work(self) -> None:
         self.batcher.allocate()  # on this thread: see BatchEngine.allocate
+        if self.prepare is not None:
+            try:
+                self.prepare()  # requests arriving meanwhile wait in the queue
+            except Exception:  # a failed calibration leaves the policy's default; the server goes on
+                log.exception("preparing the batch (spec policy calibration) failed")
         while (admitted := self._admit()) is not None:
             gone, joined = admitted
             for job in gone:
