@@ -47,7 +47,10 @@ def decoder(loaded):
 
 @pytest.fixture(scope="module")
 def server(loaded, decoder):
-    running = Running(create_app(loaded, decoder, NAME, api_key=KEY, max_body_bytes=64 * 1024))
+    # 'adaptive': plain and speculative steps mixed under load, as the tests of counters and batching need
+    # (the default 'auto' calibrates once, and with this random drafter it would never speculate)
+    running = Running(create_app(loaded, decoder, NAME, api_key=KEY, max_body_bytes=64 * 1024,
+                                 batch=BatchConfig(spec_policy="adaptive")))
     yield running
     running.stop()
 

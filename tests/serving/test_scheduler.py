@@ -194,7 +194,7 @@ def test_concurrent_requests_run_as_one_batch_and_each_equals_alone(server, http
     after = scrape(http)
     steps = delta(before, after, "specdecode_batch_size_count")
     assert steps > 0 and delta(before, after, "specdecode_batch_size_sum") / steps > 1.5
-    # 'auto' (the server's policy) may decode a request without speculating: no accept length then
+    # 'adaptive' (the test server's policy) may decode a request without speculating: no accept length then
     assert delta(before, after, "specdecode_request_accept_length_count") <= \
         delta(before, after, 'specdecode_requests_total{route="/v1/completions",status="200"}') == len(asks)
 
@@ -250,3 +250,19 @@ def test_a_burst_is_admitted_up_to_slots_plus_queue():
 
     outcomes = asyncio.run(burst())
     assert outcomes == [200] * 6 + [503] * 14 and scheduler.load() == (0, 6)
+
+
+def test_the_default_auto_policy_is_calibrated_before_the_first_request(loaded, decoder, caplog):
+    """`serve`'s default spec policy times both modes per batch size on the worker thread before it
+    serves, logs the choice, and the two identical greedy requests that follow give the same text."""
+    caplog.set_level(logging.INFO, logger="specdecode")
+    running = Running(create_app(loaded, decoder, NAME, batch=BatchConfig(slots=2)))
+    try:
+        body = {"model": NAME, "prompt": "Tell me a story", "max_tokens": 12, "temperature": 0}
+        texts = [httpx.post(running.url + COMPLETIONS, json=body, timeout=60).json()["choices"][0]["text"]
+                 for _ in range(2)]
+        batcher = running.app.state.server.scheduler.batcher
+        assert set(batcher.policy.calibrated) == {1, 2} and texts[0] == texts[1]
+        assert any("spec policy auto (" in r.getMessage() for r in caplog.records)
+    finally:
+        running.stop()
