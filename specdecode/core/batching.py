@@ -60,7 +60,7 @@ SPEC_POLICIES: tuple[SpecPolicyName, ...] = ("always", "never", "auto", "adaptiv
 # choice is a function of the batch size: a greedy or seeded request gives the same answer every time.
 # 'adaptive' (the earlier 'auto') re-decides from step times measured while serving: it follows the load,
 # but bf16 rounds plain and speculative steps differently, so a repeated request can change (issue 26).
-CALIBRATION_STEPS = 4  # timed steps of each mode per batch size bucket
+CALIBRATION_STEPS = 6  # timed steps of each mode per batch size bucket, after one untimed step of each
 
 # Under 'auto', plain steps still collect the target's taps so the drafter can catch up when
 # speculation resumes; past this many pending pairs a row's drafter catches up anyway.
@@ -265,6 +265,8 @@ class BatchEngine:
             while self.decoding < b:
                 self._prefill_chunk(StepReport())
             times: dict[bool, list[float]] = {False: [], True: []}
+            self._plain_step(StepReport())  # untimed: a batch size's first steps build kernels for its shapes
+            self._spec_step(StepReport())
             tokens = 0
             for _ in range(steps):
                 for spec in (False, True):
