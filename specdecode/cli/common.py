@@ -12,8 +12,9 @@ from specdecode.core.costmodel import AutoSpec
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
+from specdecode.io.checkpoints import check_drafter_dir
 from specdecode.runtime.autospec import SPEC_MODES
-from specdecode.runtime.decoders import DecoderSpec
+from specdecode.runtime.decoders import RANDOM_DRAFTER, DecoderSpec
 from specdecode.runtime.session import RuntimeConfig
 from specdecode.runtime.weights import WEIGHT_FORMATS
 
@@ -138,6 +139,12 @@ def spec_config(args: argparse.Namespace) -> SpecConfig | AutoSpec:
 
 
 def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
+    """The decoding flags as a ``DecoderSpec``; a --drafter that is not a drafter directory, and bad
+    sampling flags, are refused here, before the model loads."""
+    if args.drafter and args.drafter != RANDOM_DRAFTER and not args.no_spec:
+        check_drafter_dir(args.drafter)
+    if hasattr(args, "temperature"):
+        sampling_params(args)
     return DecoderSpec(speculative=not args.no_spec, drafter=args.drafter, config=spec_config(args),
                        aux_layer_convention=args.aux_layer_convention, sync=not args.no_sync,
                        adapt=getattr(args, "adapt", False))

@@ -262,11 +262,24 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
             "disagree: t2d must be True exactly at the target ids d2t produces")
 
 
-def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
+def check_drafter_dir(path: str | Path) -> Path:
+    """A drafter directory holds config.json and *.safetensors; refused otherwise, before anything
+    loads (a command checks its --drafter before the target model, seconds earlier)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: drafter directory not found (expected config.json + *.safetensors)")
+    missing = [what for what, ok in (("config.json", (path / "config.json").is_file()),
+                                     ("*.safetensors", any(path.glob("*.safetensors")))) if not ok]
+    if missing:
+        raise DrafterMismatchError(f"{path}: holds no drafter (no {' and no '.join(missing)}); pass the directory "
+                                   "that `specdecode train` or `export` wrote, or an SGLang/vLLM/SpecForge EAGLE-3 "
+                                   "checkpoint")
+    return path
+
+
+def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
+    path = check_drafter_dir(path)
     cfg = read_config_json(path, DrafterMismatchError, "an EAGLE-3 drafter")
     config = config_from_hf(cfg, target.config, str(path / "config.json"), convention)
     state = {_normalize_key(k): v for k, v in read_safetensors(path, DrafterMismatchError).items()}

@@ -24,3 +24,21 @@ def test_dtype_help_lists_every_dtype_that_runs(capsys):
         build_parser().parse_args(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "float32 | bfloat16 | float16 | float64 | auto" in out
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_drafter_dir_without_a_drafter_and_bad_sampling_are_refused_before_loading(tmp_path, command):
+    from specdecode.cli.common import decoder_spec
+    from specdecode.io.errors import DrafterMismatchError
+
+    prompt = ["hi"] if command == "generate" else []
+    empty = build_parser().parse_args([command, "--drafter", str(tmp_path), *prompt])
+    with pytest.raises(DrafterMismatchError, match=r"holds no drafter \(no config.json and no \*.safetensors\)"):
+        decoder_spec(empty)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(DrafterMismatchError, match=r"holds no drafter \(no \*.safetensors\)"):
+        decoder_spec(empty)
+    if command == "generate":
+        hot = build_parser().parse_args([command, "--temperature", "-1", *prompt])
+        with pytest.raises(ValueError, match="temperature must be >= 0"):
+            decoder_spec(hot)
