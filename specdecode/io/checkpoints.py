@@ -71,6 +71,10 @@ def config_to_hf(config: DrafterConfig, convention: Convention = "sglang") -> di
     }
 
 
+# SpecForge/speculators options that change the head's arithmetic; ours has none of them (true = refused)
+UNSUPPORTED_VARIANT_KEYS = ("fc_norm", "norm_before_fc", "norm_before_residual")
+
+
 def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "config.json",
                    convention: Convention | None = None) -> DrafterConfig:
     arch = (cfg.get("architectures") or ["?"])[0]
@@ -78,6 +82,15 @@ def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "conf
         raise DrafterMismatchError(
             f"{source}: architectures is {cfg.get('architectures')!r}; an EAGLE-3 drafter has "
             f"{ARCHITECTURE!r} (EAGLE-1/2 drafters are a different format)")
+    layers = int(cfg.get("num_hidden_layers") or 1)
+    if layers != 1:
+        raise DrafterMismatchError(f"{source}: num_hidden_layers is {layers}; this engine runs the one-layer "
+                                   "EAGLE-3 head (multi-layer drafters are not supported)")
+    variants = [k for k in UNSUPPORTED_VARIANT_KEYS if cfg.get(k)]
+    if variants:
+        raise DrafterMismatchError(f"{source}: {', '.join(f'{k}={cfg[k]!r}' for k in variants)}: a SpecForge "
+                                   "variant of the head this engine does not run (it would decode wrongly); "
+                                   "train without it, or use an engine that implements it")
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
@@ -235,6 +248,11 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
     missing = [k for k in expected if k not in state]
     if missing:
         raise DrafterMismatchError(f"{source}: missing tensors {missing} (is this an EAGLE-3 checkpoint?)")
+    unknown = sorted(k for k in state if k not in expected)
+    if unknown:  # a tensor this head has no place for changes what the checkpoint computes: refuse, never drop
+        raise DrafterMismatchError(f"{source}: tensors this EAGLE-3 head does not have: {unknown[:8]}"
+                                   f"{' ...' if len(unknown) > 8 else ''} (a variant this engine does not run, e.g. "
+                                   "SpecForge's fc_norm or a second decoder layer)")
     for k, shape in expected.items():
         if tuple(state[k].shape) != shape:
             hint = ""

@@ -220,3 +220,22 @@ def test_aux_ids_that_disagree_between_engines_are_refused(saved, target):
     edit_config(path, eagle_aux_hidden_state_layer_ids=[1, 2, 2])  # vLLM would tap 1, 2, 2
     with pytest.raises(DrafterMismatchError, match="both name the same layers"):
         load_drafter(path, target)
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"num_hidden_layers": 2}, "num_hidden_layers is 2; this engine runs the one-layer"),
+    ({"fc_norm": True}, "fc_norm=True: a SpecForge variant"),
+    ({"norm_before_residual": True}, "norm_before_residual=True: a SpecForge variant"),
+])
+def test_a_head_variant_this_engine_does_not_run_is_refused(saved, target, change, words):
+    _, path = saved
+    edit_config(path, **change)
+    with pytest.raises(DrafterMismatchError, match=words):
+        load_drafter(path, target)
+
+
+def test_a_tensor_the_head_has_no_place_for_is_refused(saved, target):
+    _, path = saved
+    edit_state(path, lambda s: s.__setitem__("fc_norm.weight", torch.ones(64)))
+    with pytest.raises(DrafterMismatchError, match=r"does not have: \['fc_norm.weight'\]"):
+        load_drafter(path, target)
