@@ -95,6 +95,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         "tie_word_embeddings": "output.weight" not in names,
         "bos_token_id": _gguf_field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _gguf_field(reader, "tokenizer.ggml.eos_token_id"),
+        # the dtype engines serve it in (SGLang takes fp16 where none is written; drafters train in bf16):
+        # "torch_dtype" for transformers 4 readers, "dtype" for transformers 5
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
     }
     if meta("rope.scaling.type") not in (None, "none"):
         raise ModelLoadError(f"{gguf_path}: RoPE scaling in GGUF metadata is not supported yet")
@@ -128,11 +132,20 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(str(out_dir))
+    # transformers 5 writes its own class name (TokenizersBackend), which transformers 4 (SGLang's, vLLM's)
+    # does not know; PreTrainedTokenizerFast reads the same tokenizer.json in both (same ids, same chat prompt)
+    tok_cfg = out_dir / "tokenizer_config.json"
+    tok_json = json.loads(tok_cfg.read_text())
+    tok_json["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_cfg.write_text(json.dumps(tok_json, indent=2))
+
+
+CONVERSION = "c2"  # bump when what convert_gguf writes changes (c2: torch_dtype, a transformers-4 tokenizer class)
 
 
 def gguf_cache_dir(gguf_path: Path) -> Path:
     """The converted HF directory for a GGUF, creating it (atomically) on first use."""
-    out = cache_root() / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}"
+    out = cache_root() / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}-{CONVERSION}"
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

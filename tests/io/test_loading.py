@@ -103,3 +103,22 @@ def test_truncated_gguf_says_truncated_everywhere_it_is_read(tmp_path, monkeypat
     for read in (load_model, q4_layer_count):
         with pytest.raises(ModelLoadError, match=r"cut.gguf: not a readable GGUF file, truncated or corrupt .*again"):
             read(cut)
+
+
+def test_the_converted_gguf_directory_loads_in_engines_on_transformers_4(tmp_path, monkeypatch):
+    """The HF directory a GGUF becomes (what `launch` hands SGLang and vLLM) says its dtype, and names a
+    tokenizer class transformers 4 knows, which reads the same ids here."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from specdecode.io.gguf import gguf_cache_dir
+    from specdecode.io.paths import default_model_path
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    out = gguf_cache_dir(default_model_path())
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == config["dtype"] == "bfloat16"
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok("Hello, world")["input_ids"] == [19556, 28, 905]
