@@ -10,9 +10,12 @@ from specdecode.integrations.export import ENGINES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a drafter for SGLang or vLLM (their aux-layer-id conventions differ)",
-                       description="write a drafter for SGLang or vLLM (their aux-layer-id conventions differ)")
-    p.add_argument("--format", choices=ENGINES, required=True, help="engine whose aux-layer-id convention to write")
+    about = ("write a drafter for SGLang, vLLM and SpecForge, checked against the target: the aux-layer ids in "
+             "both places those engines read them (eagle_config in SGLang's numbering, the top level in vLLM's), "
+             "so one file serves every engine")
+    p = sub.add_parser("export", help=about, description=about)
+    p.add_argument("--format", choices=ENGINES, required=True,
+                   help="the engine it is for (the file is the same for both: it carries both engines' lists)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     p.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
     p.add_argument("--aux-layer-convention", choices=ENGINES, default=None,
@@ -25,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.integrations.export import export_drafter
 
     info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention)
-    print(f"wrote {info['out']} for {info['format']}: eagle_aux_hidden_state_layer_ids {info['aux_ids']} "
-          f"(= hidden states entering target layers {info['taps_entering_layers']})")
+    print(f"wrote {info['out']} for {info['format']}: eagle_config ids {info['aux_ids']} (SGLang's numbering) and "
+          f"top-level ids {info['taps_entering_layers']} (vLLM's): the hidden states entering target layers "
+          f"{info['taps_entering_layers']}")
     return 0

@@ -1,10 +1,12 @@
-"""Export a drafter for the engines users already run: SGLang or vLLM.
+"""Export a drafter for the engines users already run: SGLang, vLLM (and SpecForge, which reads
+SGLang's files).
 
-Both engines read the SpecForge key layout we write (``fc``, ``midlayer.*``, ``d2t``...);
-they differ on ``eagle_aux_hidden_state_layer_ids``: SGLang adds 1 to explicit ids (id =
-output of layer id), vLLM taps the input of layer id. An export for one engine read by the
-other silently shifts every tap by one layer and costs all acceptance, so ``launch vllm``
-exports a vLLM copy of a drafter written in SGLang's convention, and says so.
+The engines read the SpecForge key layout we write (``fc``, ``midlayer.*``, ``d2t``...); they
+differ on ``eagle_aux_hidden_state_layer_ids``: SGLang and SpecForge read ``eagle_config``'s list
+and add 1 (id = output of layer id), vLLM reads a top-level list first (id = input of layer id).
+Every file we write carries both, naming the same layers, so it needs no per-engine copy; export
+turns a drafter from elsewhere (one list, in either place) into such a file, checked against the
+target. ``launch`` exports only a drafter that lacks the list its engine reads.
 """
 
 from __future__ import annotations
@@ -34,11 +36,20 @@ def export_drafter(model: str | None, drafter: str | Path | None, fmt: Conventio
     head = load_drafter(path, loaded.model, convention=source_convention)
     src_cfg = json.loads((Path(path) / "config.json").read_text())
     dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(src_cfg.get("torch_dtype"), "float32")
-    save_drafter(head, out, dtype=getattr(torch, dtype), convention=fmt)
+    save_drafter(head, out, dtype=getattr(torch, dtype))  # the same file for every engine (see the module doc)
     written = json.loads((Path(out) / "config.json").read_text())
     return {"source": str(path), "out": str(out), "format": fmt,
             "aux_ids": written["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
             "taps_entering_layers": list(head.config.aux_layer_ids)}
+
+
+def read_drafter_config(drafter_dir: str | Path) -> dict:
+    """A drafter's config.json ({} when unreadable: the engine will say why)."""
+    try:
+        cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def recorded_convention(drafter_dir: str | Path) -> str | None:

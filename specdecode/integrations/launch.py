@@ -19,7 +19,8 @@ from pathlib import Path
 
 from specdecode.bench.profiles import LaunchProfile
 from specdecode.core.speculative import SpecConfig
-from specdecode.integrations.export import ENGINES, export_drafter, recorded_convention
+from specdecode.integrations.export import ENGINES, export_drafter, read_drafter_config, recorded_convention
+from specdecode.io.checkpoints import AUX_IDS_KEY
 
 
 def engine_installed(engine: str) -> bool:
@@ -124,15 +125,21 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     if drafter and not Path(drafter).is_dir():
         raise FileNotFoundError(f"drafter directory {drafter} not found")
     notes = []
-    if drafter and cfg.engine == "vllm" and recorded_convention(drafter) != "vllm":
-        # vLLM would read SGLang-convention ids one layer early: export a vLLM copy
+    if drafter and cfg.engine == "vllm" and not read_drafter_config(drafter).get(AUX_IDS_KEY):
+        # vLLM would read eagle_config's SGLang-convention ids one layer early: write the top-level list too
         target = cache_root() / "exports" / (Path(drafter).name + "-vllm")
         if cfg.dry_run:
-            notes.append(f"drafter ids are in SGLang's convention: would export a vLLM copy to {target}")
+            notes.append(f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): would export a copy with both "
+                         f"lists to {target}")
         else:
             export_drafter(cfg.model, drafter, "vllm", target)
-            notes.append(f"drafter ids are in SGLang's convention: exported a vLLM copy to {target}")
+            notes.append(f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): exported a copy with both "
+                         f"lists to {target}")
         drafter = str(target)
+    if drafter and cfg.engine == "sglang" and recorded_convention(drafter) == "vllm":
+        warnings.append(f"{drafter}: its eagle_config ids are in vLLM's numbering (an export --format vllm of an "
+                        "earlier version): SGLang adds 1 and would tap every layer one later, silently; re-export "
+                        "it with `specdecode export --format sglang`")
     spec = cfg.spec
     steps = spec.num_steps
     if spec.topk == 1 and spec.max_depth < spec.num_steps:

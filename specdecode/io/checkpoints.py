@@ -37,14 +37,16 @@ CONVENTION_KEY = "specdecode_aux_layer_id_convention"  # our marker inside eagle
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
-def config_to_hf(config: DrafterConfig, convention: Convention = "sglang") -> dict[str, Any]:
-    """config.json. Aux ids are written where each engine reads them: under ``eagle_config`` (SGLang)
-    in ``convention`` (SGLang's by default: id = output of layer id) with the convention recorded
-    beside them, and at the top level (upstream vLLM reads only there) in vLLM's convention (id =
-    input of layer id). Both name the same layers, so one file wires both engines alike."""
+def config_to_hf(config: DrafterConfig) -> dict[str, Any]:
+    """config.json. Aux ids are written where each engine reads them: under ``eagle_config`` in
+    SGLang's convention (id = output of layer id; SGLang and SpecForge read only there, adding 1),
+    with the convention recorded beside them, and at the top level in vLLM's (id = input of layer
+    id; vLLM reads the top level first). Both name the same layers, so one file wires every engine
+    alike: there is no per-engine variant to write (an ``eagle_config`` in vLLM's numbering made
+    SGLang tap every layer one later, silently: issue 26)."""
     c = config.layer
-    shift = 1 if convention == "sglang" else 0
-    ids = [i - shift for i in config.aux_layer_ids]
+    convention: Convention = "sglang"
+    ids = [i - 1 for i in config.aux_layer_ids]
     return {AUX_IDS_KEY: list(config.aux_layer_ids)} | {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -187,7 +189,7 @@ def _to_checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
 
 
 def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | None = None,
-                 convention: Convention = "sglang", extra_config: dict[str, Any] | None = None) -> None:
+                 extra_config: dict[str, Any] | None = None) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -199,7 +201,7 @@ def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | 
             v = v.to(dtype)
         state[k] = v.contiguous().cpu()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    cfg = config_to_hf(drafter.config, convention)
+    cfg = config_to_hf(drafter.config)
     cfg["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
     cfg.update(extra_config or {})
     (path / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -195,18 +195,18 @@ def test_bf16_save_is_small_and_loads(saved, target, tmp_path):
 
 
 def test_ids_are_written_where_each_engine_reads_them(tmp_path, target):
-    """Upstream vLLM reads eagle_aux_hidden_state_layer_ids only from the top level of config.json (as
-    layer inputs); SGLang from eagle_config (as layer outputs, +1). Every export names the same layers
-    in both places, whatever convention eagle_config uses."""
+    """vLLM reads eagle_aux_hidden_state_layer_ids from the top level of config.json first (as layer
+    inputs); SGLang and SpecForge only from eagle_config (as layer outputs, +1). Every file names the
+    same layers in both places, eagle_config always in SGLang's numbering (an eagle_config in vLLM's made
+    SGLang tap every layer one later)."""
     drafter = random_drafter(target, draft_vocab_size=40, seed=1)
     taps = list(drafter.config.aux_layer_ids)
-    for convention, nested in (("vllm", taps), ("sglang", [i - 1 for i in taps])):
-        save_drafter(drafter, tmp_path / convention, convention=convention)
-        cfg = json.loads((tmp_path / convention / "config.json").read_text())
-        assert cfg["eagle_aux_hidden_state_layer_ids"] == taps  # vLLM's place and reading
-        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == nested
-        assert cfg["eagle_config"]["specdecode_aux_layer_id_convention"] == convention
-        assert load_drafter(tmp_path / convention, target).config.aux_layer_ids == drafter.config.aux_layer_ids
+    save_drafter(drafter, tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == taps  # vLLM's place and reading
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in taps]  # SGLang adds 1
+    assert cfg["eagle_config"]["specdecode_aux_layer_id_convention"] == "sglang"
+    assert load_drafter(tmp_path / "d", target).config.aux_layer_ids == drafter.config.aux_layer_ids
 
 
 def test_top_level_aux_ids_alone_are_read_as_vllm_does(saved, target):

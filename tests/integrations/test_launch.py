@@ -47,7 +47,8 @@ def test_launch_vllm_dry_run_uses_a_vllm_convention_drafter(profile_env):
     assert argv[:2] == ["vllm", "serve"] and argv[argv.index("--tensor-parallel-size") + 1] == "3"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 2
-    assert spec["model"].endswith("-vllm") and "would export a vLLM copy" in out.stderr
+    # the shipped drafter carries vLLM's top-level list: used as it is (no export, no target loaded)
+    assert spec["model"].endswith("smollm2-135m-instruct-eagle3") and "would export" not in out.stderr
     chain = specdecode("launch", "vllm", "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "2", "--dry-run",
                        env=profile_env)  # a chain of 3 steps verifying 2 tokens drafts 1: the engine gets 1
     argv = shlex.split(chain.stdout.strip())
@@ -68,16 +69,37 @@ def test_no_spec_command_has_no_spec_flags():
     assert cmd[-1] == "--x" and json.loads(cmd[cmd.index("--speculative-config") + 1])["model"] == "/d"
 
 
-def test_export_keeps_the_taps_across_conventions(tmp_path, smollm):
+def test_export_keeps_the_taps_and_writes_one_file_for_every_engine(tmp_path, smollm):
     from specdecode.integrations.export import export_drafter
     from specdecode.io.checkpoints import load_drafter
 
     s = export_drafter(None, None, "sglang", tmp_path / "sglang")
     v = export_drafter(None, None, "vllm", tmp_path / "vllm")
-    assert [i + 1 for i in s["aux_ids"]] == v["aux_ids"]  # SGLang adds 1; vLLM reads ids as inputs
-    assert s["taps_entering_layers"] == v["taps_entering_layers"] == v["aux_ids"]
+    assert s["aux_ids"] == v["aux_ids"] == [i - 1 for i in v["taps_entering_layers"]]  # eagle_config: SGLang's
+    assert s["taps_entering_layers"] == v["taps_entering_layers"]
+    assert (tmp_path / "sglang" / "config.json").read_text() == (tmp_path / "vllm" / "config.json").read_text()
     a = load_drafter(tmp_path / "sglang", smollm.model)
     b = load_drafter(tmp_path / "vllm", smollm.model)
     assert a.config.aux_layer_ids == b.config.aux_layer_ids
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+def test_launch_says_when_a_drafter_lacks_what_its_engine_reads(tmp_path, profile_env):
+    """vLLM without a top-level id list gets an exported copy with both; SGLang handed a file whose
+    eagle_config is in vLLM's numbering (an earlier export --format vllm) is warned, not left to shift."""
+    import shutil
+
+    from specdecode.io.paths import default_drafter_path
+
+    src = tmp_path / "d"
+    shutil.copytree(default_drafter_path(), src)
+    cfg = json.loads((src / "config.json").read_text())
+    top = cfg.pop("eagle_aux_hidden_state_layer_ids")
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = specdecode("launch", "vllm", "--drafter", str(src), "--dry-run", env=profile_env)
+    assert "has no top-level eagle_aux_hidden_state_layer_ids (vLLM's): would export a copy" in out.stderr
+    cfg["eagle_config"] |= {"eagle_aux_hidden_state_layer_ids": top, "specdecode_aux_layer_id_convention": "vllm"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = specdecode("launch", "sglang", "--drafter", str(src), "--dry-run", env=profile_env)
+    assert "in vLLM's numbering" in out.stderr and "tap every layer one later" in out.stderr
