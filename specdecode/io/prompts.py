@@ -6,6 +6,9 @@ Row formats (one JSON object a line):
 - Spec-Bench / MT-Bench: ``turns`` (the first turn is used), ``question_id``, ``category``;
 - ``{"prompt": ...}``: one user message;
 - ``{"messages": [...]}``: chat messages as they are;
+- ``{"conversations": [...]}``: SpecForge's (``role``/``content``) or ShareGPT's (``from``/``value``,
+  ``human``/``gpt``) conversations: the system message(s) and the first user turn (the target
+  answers it itself: its own answers are what a drafter trains on);
 - self-instruct seed tasks / user-oriented instructions: ``instruction`` with ``instances``
   (``input``), or a plain ``input``: one user message per input, up to two of them;
 - ``{"text": ...}``: raw text (no chat template).
@@ -28,7 +31,10 @@ class Prompt:
     text: str | None = None  # raw text (no template)
 
 
-FORMATS = "'turns', 'messages', 'prompt', 'instruction' or 'text'"
+FORMATS = "'turns', 'messages', 'conversations', 'prompt', 'instruction' or 'text'"
+# ShareGPT's speaker names (and SpecForge's roles) as chat roles
+ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+         "chatgpt": "assistant", "bard": "assistant", "bing": "assistant"}
 INSTANCES_PER_INSTRUCTION = 2  # an instruction with up to two of its inputs
 
 BUILTIN = [
@@ -89,6 +95,28 @@ def is_spec_bench_row(row: dict) -> bool:
     return "turns" in row and "question_id" in row
 
 
+def first_user_turn(conversation: Any, where: str) -> tuple[dict, ...]:
+    """A SpecForge or ShareGPT conversation up to its first user turn, as chat messages."""
+    if not isinstance(conversation, list) or not all(isinstance(t, dict) for t in conversation):
+        raise ValueError(f"{where}: 'conversations' must be a list of turns ({{'role', 'content'}} or "
+                         "{'from', 'value'})")
+    messages: list[dict] = []
+    for turn in conversation:
+        speaker = turn.get("role", turn.get("from"))
+        role = ROLES.get(str(speaker).lower())
+        if role is None:
+            raise ValueError(f"{where}: unknown speaker {speaker!r} in 'conversations' (known: {', '.join(ROLES)})")
+        content = turn.get("content", turn.get("value"))
+        if not isinstance(content, str):
+            raise ValueError(f"{where}: a turn of 'conversations' has no text ('content' or 'value')")
+        if role == "assistant":
+            break
+        messages.append({"role": role, "content": content})
+        if role == "user":
+            return tuple(messages)
+    raise ValueError(f"{where}: 'conversations' has no user turn before the first answer")
+
+
 def row_prompts(row: dict, n: int, path: str | Path) -> list[Prompt]:
     """The prompts of one row (line ``n`` of ``path``): one, or one per instance input."""
     if not isinstance(row, dict):
@@ -99,6 +127,8 @@ def row_prompts(row: dict, n: int, path: str | Path) -> list[Prompt]:
         return [Prompt(pid, category, user(row["turns"][0]))]
     if "messages" in row:
         return [Prompt(pid, category, tuple(row["messages"]))]
+    if "conversations" in row:
+        return [Prompt(pid, category, first_user_turn(row["conversations"], f"{path}:{n}"))]
     if "instruction" in row:
         inputs = [i.get("input", "") for i in row.get("instances", [])] or [row.get("input", "")]
         return [Prompt(pid if k == 0 else f"{pid}-{k}", category,

@@ -1,0 +1,35 @@
+"""Prompt rows in the training-data formats of the field: SpecForge's and ShareGPT's conversations."""
+
+import json
+
+import pytest
+
+from specdecode.io.prompts import read_prompts
+
+
+def test_specforge_and_sharegpt_conversations_give_their_first_user_turn(tmp_path):
+    f = tmp_path / "p.jsonl"
+    rows = [
+        {"id": "a", "conversations": [{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Hi?"},
+                                      {"role": "assistant", "content": "Hello."},
+                                      {"role": "user", "content": "More?"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "Because."}]},
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = read_prompts(f)
+    assert (a.id, a.messages) == ("a", ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}))
+    assert (b.id, b.messages) == ("b", ({"role": "user", "content": "Why?"},))
+
+
+@pytest.mark.parametrize("conversation,words", [
+    ([{"from": "robot", "value": "x"}], "unknown speaker 'robot'"),
+    ([{"from": "gpt", "value": "x"}], "no user turn before the first answer"),
+    ([{"from": "human"}], "has no text"),
+    ("hello", "must be a list of turns"),
+])
+def test_a_bad_conversation_names_the_line_and_the_fault(tmp_path, conversation, words):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"conversations": conversation}) + "\n")
+    with pytest.raises(ValueError, match=f"p.jsonl:1: .*{words}"):
+        read_prompts(f)
