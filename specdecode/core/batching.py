@@ -7,8 +7,9 @@ block into it (one copy of that row's cache), so every batched forward runs over
 contiguous block of rows with per-row lengths (``Transformer.forward(slots=...)``).
 
 Each ``step()``:
-1. prefills one chunk of the earliest waiting request (a long prompt does not stall the
-   others for more than a chunk);
+1. prefills one chunk of a waiting request, the one with the fewest chunks done (so chunks go
+   round the waiting requests: a long prompt does not stall the others for more than a chunk,
+   nor a short prompt behind it for more than one of its chunks);
 2. runs one batched step over every decoding request, chosen by the spec policy:
    - plain: one target forward over one token per row;
    - speculative: ``core.speculative.spec_cycle``, the one cycle a request alone also runs
@@ -374,7 +375,12 @@ class BatchEngine:
     # ------------------------------------------------------------ prefill
 
     def _prefill_chunk(self, report: StepReport) -> None:
-        j = min(range(self.decoding, len(self.rows)), key=lambda i: self.rows[i].arrived)
+        # The waiting request with the fewest chunks prefilled so far (then the earliest): chunks go round
+        # the waiting requests, so a short prompt behind a long one starts after one of its chunks, not
+        # after all of them (a 7001-token prompt held a short request's first token 17.6 s: issue 26)
+        chunk = self.config.prefill_chunk
+        j = min(range(self.decoding, len(self.rows)),
+                key=lambda i: (-(-self.rows[i].length // chunk), self.rows[i].arrived))
         row = self.rows[j]
         a = row.length
         b = min(a + self.config.prefill_chunk, len(row.prompt))

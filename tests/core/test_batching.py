@@ -270,3 +270,24 @@ def test_auto_is_timed_once_per_batch_size_then_the_same_for_every_request(model
         runs.append((modes, tokens))
     assert runs[0] == runs[1] == runs[2] and set(runs[0][0]) == {slow == "plain"}
     assert SpecPolicy("auto", can_speculate=True).choose(4) is True  # not calibrated: speculative
+
+
+def test_a_short_prompt_behind_a_long_one_starts_after_one_chunk(model):
+    """Prefill chunks go round the waiting requests: a 3-token prompt queued behind a 60-token one gets
+    its first token on the second step, not after the long prompt's 15 chunks; both decode as alone."""
+    long, short = list(range(4, 64)), [5, 6, 7]
+    options = GenerateOptions(max_new_tokens=4, stop_token_ids=())
+    engine = BatchEngine(model, Tok(), config=BatchConfig(slots=2, prefill_chunk=4, spec_policy="never"))
+    engine.add("long", long, options)
+    engine.add("short", short, options)
+    first: dict[str, int] = {}
+    out: dict[str, list[int]] = {"long": [], "short": []}
+    step = 0
+    while engine.active:
+        step += 1
+        for key, chunk in engine.step().events:
+            first.setdefault(key, step)
+            out[key] += chunk.token_ids
+    assert first["short"] == 2 and first["long"] == 16
+    for key, prompt in (("long", long), ("short", short)):
+        assert out[key] == Engine(model, Tok()).generate(prompt, options).token_ids
