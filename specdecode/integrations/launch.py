@@ -29,13 +29,8 @@ def engine_installed(engine: str) -> bool:
     return importlib.util.find_spec("sglang") is not None if engine == "sglang" else shutil.which("vllm") is not None
 
 
-def tp_divisibility(model_dir: Path, tp: int) -> str | None:
-    """Why the model's heads cannot be split ``tp`` ways, or None."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+def tp_divisibility(heads: int | None, kv: int | None, tp: int) -> str | None:
+    """Why ``heads`` attention and ``kv`` KV heads cannot be split ``tp`` ways, or None."""
     if heads and kv and (heads % tp or (kv % tp and tp % kv)):
         return f"the model has {heads} attention heads and {kv} KV heads, which do not split evenly {tp} ways"
     return None
@@ -107,7 +102,7 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     """The command, environment and drafter for ``cfg``; exports a vLLM copy of a drafter in
     SGLang's convention (unless ``dry_run``)."""
     from specdecode.bench.profiles import load_profile
-    from specdecode.io.loading import resolve_model_dir
+    from specdecode.io.loading import model_head_counts, resolve_model_dir
     from specdecode.io.paths import cache_root, default_drafter_path
 
     if cfg.tp < 1:
@@ -115,9 +110,9 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     if not cfg.dry_run and not engine_installed(cfg.engine):
         raise ValueError(f"{cfg.engine} is not installed in this environment; `--dry-run` prints the command "
                          f"(and environment) to run where it is")
-    _, model_dir = resolve_model_dir(cfg.model)
+    source, model_dir = resolve_model_dir(cfg.model, convert=not cfg.dry_run)  # a dry run converts nothing
     warnings = []
-    heads = tp_divisibility(model_dir, cfg.tp)
+    heads = tp_divisibility(*model_head_counts(source, model_dir), cfg.tp)
     if heads:
         warnings.append(f"{heads}; {cfg.engine} will refuse --tp {cfg.tp}")
     found = None if not cfg.speculative else (cfg.drafter or (None if cfg.model else default_drafter_path()))

@@ -143,9 +143,22 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 CONVERSION = "c2"  # bump when what convert_gguf writes changes (c2: torch_dtype, a transformers-4 tokenizer class)
 
 
+def gguf_cache_path(gguf_path: Path) -> Path:
+    """Where a GGUF's converted HF directory is (or will be), converting nothing."""
+    return cache_root() / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}-{CONVERSION}"
+
+
+def gguf_head_counts(gguf_path: Path) -> tuple[int | None, int | None]:
+    """(attention heads, KV heads) from a GGUF's header, without converting it."""
+    reader = open_gguf(gguf_path)
+    heads = _gguf_field(reader, "llama.attention.head_count")
+    kv = _gguf_field(reader, "llama.attention.head_count_kv", heads)
+    return (int(heads) if heads is not None else None, int(kv) if kv is not None else None)
+
+
 def gguf_cache_dir(gguf_path: Path) -> Path:
     """The converted HF directory for a GGUF, creating it (atomically) on first use."""
-    out = cache_root() / f"{gguf_path.stem}-{file_fingerprint(gguf_path)}-{CONVERSION}"
+    out = gguf_cache_path(gguf_path)
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,12 @@ def profile_env(tmp_path):
     return {"SPECDECODE_PROFILE_DIR": str(d)}
 
 
-def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env):
+def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env, tmp_path):
+    cache = tmp_path / "cache"
     out = specdecode("launch", "sglang", "--tp", "8", "--num-steps", "3", "--topk", "4", "--num-draft-tokens", "8",
                      "--launch-profile", "nccl-ll", "--port", "31000", "--dry-run",
-                     "--engine-args", "--mem-fraction-static 0.8", env=profile_env)
+                     "--engine-args", "--mem-fraction-static 0.8", env=profile_env | {"SPECDECODE_CACHE": str(cache)})
+    assert not any(cache.glob("SmolLM2*"))  # a dry run converts nothing: the path it names is where it will be
     line = out.stdout.strip()
     assert line.startswith("env NCCL_ALGO=Ring NCCL_BUFFSIZE=16777216 -u NCCL_DEBUG NCCL_PROTO=LL ")
     argv = shlex.split(line)
