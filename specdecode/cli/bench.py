@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from specdecode.bench.harness import BenchConfig
-from specdecode.cli.common import add_model_args, add_store_args, compile_notice
+from specdecode.cli.common import add_model_args, add_store_args, compile_notice, notice
 
 _D = BenchConfig()
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return run_remote(args, console)
     if args.concurrency is not None:
         return run_batched(args, concurrency, console)
-    session = start(runtime_config(args), on_compile=compile_notice)
+    session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     bench = prepare_bench(bench_config(args), session)
     for w in profile_contradictions(bench.fingerprint):
         print(w, file=sys.stderr)
@@ -169,7 +169,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
     runtime = runtime_config(args)
 
     def load():
-        session = start(runtime, on_compile=compile_notice)
+        session = start(runtime, on_compile=compile_notice, log=notice)
         return session, build_decoder(DecoderSpec(drafter=args.drafter, allow_plain=False), session)
 
     # the model loads on a thread that ends: this thread then owns torch's only OpenMP team

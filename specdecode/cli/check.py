@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, runtime_config
+from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, notice, runtime_config
 from specdecode.core.lossless import TOLERANCES
 from specdecode.core.speculative import SpecConfig
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     spec = replace(decoder_spec(args), allow_plain=False)  # bad flags are refused before the model loads
-    session = start(runtime_config(args), on_compile=compile_notice)
+    session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     model, tokenizer = session.loaded.model, session.loaded.tokenizer
     if args.self_draft:
         method, decoder_for = "self-draft", self_draft_decoder(

@@ -162,6 +162,11 @@ def save_and_report(run: Any, store: Any, out: str | None, console: Any) -> None
     console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
 
 
+def notice(message: str) -> None:
+    """``runtime.session.start``'s ``log``: long work at start (a kernel plan being measured) said on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def compile_notice(key: object, seconds: float | None) -> None:
     """``runtime.session.start``'s ``on_compile``: say on stderr when a graph compiles and how long it took."""
     if seconds is None:

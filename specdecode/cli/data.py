@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from specdecode.cli.common import add_model_args, compile_notice, runtime_config
+from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
 from specdecode.training.data import BuildProgress, DataBuildConfig
 
 
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.training.data import build
 
     cfg = build_config(args)
-    session = start(runtime_config(args), on_compile=compile_notice)
+    session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     display = BuildDisplay()
     try:
         summary = build(cfg, session, on_progress=display)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specdecode.cli.common import add_model_args, compile_notice, runtime_config
+from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
 from specdecode.training.evaluate import EvalDrafterConfig
 
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
     from specdecode.training.evaluate import eval_drafter
 
-    session = start(runtime_config(args), on_compile=compile_notice)
+    session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     if args.acceptance_table:
         import sys
 

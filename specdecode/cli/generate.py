@@ -14,6 +14,7 @@ from specdecode.cli.common import (
     add_spec_args,
     compile_notice,
     decoder_spec,
+    notice,
     runtime_config,
     sampling_params,
 )
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     spec = decoder_spec(args)  # bad flags are refused before the model loads
     t0 = time.perf_counter()
-    session = start(runtime_config(args), on_compile=compile_notice)
+    session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     load_s = time.perf_counter() - t0
     tok = session.loaded.tokenizer
     if args.raw:

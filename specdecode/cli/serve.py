@@ -8,7 +8,7 @@ import importlib.util
 import logging
 import os
 
-from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, runtime_config
+from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, notice, runtime_config
 from specdecode.core.batching import SPEC_POLICIES, BatchConfig
 from specdecode.serving.config import ServeConfig
 
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     runtime = runtime_config(args)
 
     def load():
-        session = start(runtime, on_compile=compile_notice)
+        session = start(runtime, on_compile=compile_notice, log=notice)
         return session, build_decoder(spec, session)
 
     # On CPU the model loads on a thread that then ends, so that the worker thread that generates

@@ -9,7 +9,7 @@ from typing import Any
 
 from specdecode.bench.plots import PLOTS_EXTRA_HINT, plots_available
 from specdecode.bench.sweep import SweepConfig
-from specdecode.cli.common import add_model_args, add_store_args, compile_notice
+from specdecode.cli.common import add_model_args, add_store_args, compile_notice, notice
 
 _D = SweepConfig()
 
@@ -100,7 +100,7 @@ def sweep_one(args: argparse.Namespace, config: SweepConfig, runtime: Any, out: 
     from specdecode.cli.common import save_and_report
     from specdecode.runtime.session import start
 
-    session = start(runtime, on_compile=compile_notice)
+    session = start(runtime, on_compile=compile_notice, log=notice)
     plan = SweepPlan(config, session)
     for w in profile_contradictions(plan.fingerprint):
         print(w, file=sys.stderr)

@@ -25,6 +25,7 @@ are identical, fp32 ones differ in summation order only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -115,15 +116,19 @@ def _time_kernel(layers: list[KernelLayer], kernel: str, x: Tensor, reps: int) -
     return best
 
 
-def choose_kernels(model: nn.Module, reps: int = 3) -> dict[str, list[str]]:
+def choose_kernels(model: nn.Module, reps: int = 3,
+                   on_group: Callable[[int, int, str], None] | None = None) -> dict[str, list[str]]:
     """Time every candidate kernel of each group at each ROW_BUCKETS row count, calling it
     once per layer of the group (so the weights stream from memory as in a decode step), and
-    return the fastest per group and bucket. Groups with a single candidate are left out."""
+    return the fastest per group and bucket. Groups with a single candidate are left out.
+    ``on_group(done, total, key)`` hears each group as it starts (progress for a long measurement)."""
     choices: dict[str, list[str]] = {}
+    groups = [(key, layers) for key, layers in kernel_layers(model).items()
+              if len(layers[0].kernel_candidates(1)) >= 2]
     with torch.inference_mode():
-        for key, layers in kernel_layers(model).items():
-            if len(layers[0].kernel_candidates(1)) < 2:
-                continue
+        for done, (key, layers) in enumerate(groups):
+            if on_group is not None:
+                on_group(done, len(groups), key)
             if "onednn" in layers[0].kernel_candidates(1):
                 for layer in layers:
                     layer.packed = onednn_pack(layer.packable_weight())

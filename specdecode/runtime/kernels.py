@@ -73,7 +73,17 @@ def install_kernels(model: nn.Module, mode: str, threads: int, device: torch.dev
             if log:
                 log(f"kernel plan {path} not usable ({e}); measuring again")
     t = time.perf_counter()
-    choices = choose_kernels(model)
+
+    def progress(done: int, total: int, group: str) -> None:
+        if log is None:
+            return
+        if done == 0:
+            log(f"measuring the kernel plan for this machine: {total} layer groups, once (cached in {path}) ...")
+            return
+        left = (time.perf_counter() - t) / done * (total - done)
+        log(f"kernel plan: {done}/{total} groups measured, about {left:.0f} s left (next: {group})")
+
+    choices = choose_kernels(model, on_group=progress)
     seconds = time.perf_counter() - t
     apply_kernels(model, choices)
     path.parent.mkdir(parents=True, exist_ok=True)

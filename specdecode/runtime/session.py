@@ -91,7 +91,8 @@ def on_passing_thread(fn: Callable[[], T], device: str = "cpu") -> T:
         return pool.submit(fn).result()
 
 
-def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], None] | None = None) -> Session:
+def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], None] | None = None,
+          log: Callable[[str], None] | None = None) -> Session:
     """Configure threads and device, load the model, shard it if a process group exists, put
     its weights in the asked format, install its linear kernels (measured once per machine) and,
     where ``config.compile`` resolves on, its compiled steps (``on_compile`` hears each graph's
@@ -117,7 +118,7 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
     fmt.apply(loaded.model, loaded.source, dtype)
-    plan = install_kernels(loaded.model, config.kernels, threads, device)
+    plan = install_kernels(loaded.model, config.kernels, threads, device, log)  # ``log`` hears a long measurement
     compiled = install_compiled(loaded.model, device, on_compile) if use_compiled else None
     return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason, compiled,
                    compile_reason, on_compile)
