@@ -49,6 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--launch-profile", default=None, metavar="NAME", help="environment to launch the engine with")
     add_store_args(p, writes=False)  # the launch is always recorded
     p.add_argument("--dry-run", action="store_true", help="print the environment and command; run nothing")
+    p.add_argument("--engine-python", default=None, metavar="PYTHON",
+                   help="the Python of SGLang's own environment (default: this one's)")
     p.add_argument("--engine-args", default="", help="more arguments for the engine, one shell-quoted string, "
                                                      "e.g. \"--mem-fraction-static 0.8\"")
     p.set_defaults(func=run)
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = LaunchConfig(engine=args.engine, model=args.model, drafter=args.drafter, speculative=not args.no_spec,
                        tp=args.tp, spec=launch_spec(args), host=args.host, port=args.port,
                        launch_profile=args.launch_profile, engine_args=tuple(shlex.split(args.engine_args)),
-                       dry_run=args.dry_run)
+                       dry_run=args.dry_run, engine_python=args.engine_python)
     plan = plan_launch(cfg)
     for w in plan.warnings:
         print(f"WARNING: {w}", file=sys.stderr)

@@ -23,10 +23,20 @@ from specdecode.integrations.export import ENGINES, export_drafter, read_drafter
 from specdecode.io.checkpoints import AUX_IDS_KEY
 
 
-def engine_installed(engine: str) -> bool:
+def engine_installed(engine: str, python: str | None = None) -> bool:
+    """Whether ``engine`` can run: SGLang importable by ``python`` (its own environment, or ours), vLLM's CLI
+    on $PATH."""
     import importlib.util
+    import subprocess
 
-    return importlib.util.find_spec("sglang") is not None if engine == "sglang" else shutil.which("vllm") is not None
+    if engine != "sglang":
+        return shutil.which("vllm") is not None
+    if python is None:
+        return importlib.util.find_spec("sglang") is not None
+    try:
+        return subprocess.run([python, "-c", "import sglang"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def tp_divisibility(heads: int | None, kv: int | None, tp: int) -> str | None:
@@ -37,10 +47,12 @@ def tp_divisibility(heads: int | None, kv: int | None, tp: int) -> str | None:
 
 
 def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: int, num_steps: int, topk: int,
-                   num_draft_tokens: int | None, host: str, port: int, extra: list[str]) -> list[str]:
-    """The server command line with the speculative flags of ``engine``."""
+                   num_draft_tokens: int | None, host: str, port: int, extra: list[str],
+                   python: str | None = None) -> list[str]:
+    """The server command line with the speculative flags of ``engine`` (SGLang run by ``python``: the
+    interpreter of its own environment; default ours)."""
     if engine == "sglang":
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--tp-size", str(tp),
+        cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--tp-size", str(tp),
                "--host", host, "--port", str(port)]
         if drafter_dir:
             cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", drafter_dir,
@@ -74,6 +86,7 @@ class LaunchConfig:
     launch_profile: str | None = None
     engine_args: tuple[str, ...] = ()
     dry_run: bool = False  # plan only: export nothing, and the engine need not be installed
+    engine_python: str | None = None  # SGLang's interpreter (it usually lives in an environment of its own)
 
     @property
     def endpoint(self) -> str:
@@ -107,9 +120,12 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
 
     if cfg.tp < 1:
         raise ValueError(f"--tp must be >= 1, got {cfg.tp}")
-    if not cfg.dry_run and not engine_installed(cfg.engine):
-        raise ValueError(f"{cfg.engine} is not installed in this environment; `--dry-run` prints the command "
-                         f"(and environment) to run where it is")
+    if cfg.engine_python and cfg.engine != "sglang":
+        raise ValueError("--engine-python names SGLang's interpreter; vLLM runs as the `vllm` command on $PATH")
+    if not cfg.dry_run and not engine_installed(cfg.engine, cfg.engine_python):
+        where = f"for {cfg.engine_python}" if cfg.engine_python else "in this environment"
+        raise ValueError(f"{cfg.engine} is not installed {where}; name SGLang's own interpreter with --engine-python, "
+                         "or `--dry-run` prints the command (and environment) to run where it is")
     source, model_dir = resolve_model_dir(cfg.model, convert=not cfg.dry_run)  # a dry run converts nothing
     warnings = []
     heads = tp_divisibility(*model_head_counts(source, model_dir), cfg.tp)
@@ -145,7 +161,7 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
                      f"{steps} token(s) per cycle: passing {steps} step(s) to {cfg.engine}")
     cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=steps, topk=spec.topk,
                          num_draft_tokens=spec.num_draft_tokens, host=cfg.host, port=cfg.port,
-                         extra=list(cfg.engine_args))
+                         extra=list(cfg.engine_args), python=cfg.engine_python)
     profile = load_profile(cfg.launch_profile) if cfg.launch_profile else None
     env = profile.apply_to(dict(os.environ)) if profile else dict(os.environ)
     env_changes = dict(profile.env) if profile else {}

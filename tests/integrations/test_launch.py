@@ -105,3 +105,16 @@ def test_launch_says_when_a_drafter_lacks_what_its_engine_reads(tmp_path, profil
     (src / "config.json").write_text(json.dumps(cfg))
     out = specdecode("launch", "sglang", "--drafter", str(src), "--dry-run", env=profile_env)
     assert "in vLLM's numbering" in out.stderr and "tap every layer one later" in out.stderr
+
+
+def test_sglang_runs_with_the_python_of_its_own_environment(profile_env, tmp_path):
+    import sys
+
+    out = specdecode("launch", "sglang", "--engine-python", "/opt/sglang-env/bin/python", "--dry-run", env=profile_env)
+    argv = shlex.split(out.stdout.strip())
+    assert argv[argv.index("-m") - 1] == "/opt/sglang-env/bin/python"
+    # not a dry run: the interpreter is asked whether it has SGLang (this one has not)
+    missing = specdecode("launch", "sglang", "--engine-python", sys.executable, env=profile_env, check=False)
+    assert missing.returncode == 2 and f"not installed for {sys.executable}" in missing.stderr
+    vllm = specdecode("launch", "vllm", "--engine-python", sys.executable, "--dry-run", env=profile_env, check=False)
+    assert vllm.returncode == 2 and "names SGLang's interpreter" in vllm.stderr
