@@ -77,13 +77,18 @@ def config_to_hf(config: DrafterConfig) -> dict[str, Any]:
 UNSUPPORTED_VARIANT_KEYS = ("fc_norm", "norm_before_fc", "norm_before_residual")
 
 
-def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "config.json",
-                   convention: Convention | None = None) -> DrafterConfig:
+def check_architecture(cfg: dict[str, Any], source: str) -> None:
+    """An EAGLE-3 drafter's config.json names its architecture; anything else is refused, saying what it is."""
     arch = (cfg.get("architectures") or ["?"])[0]
-    if "Eagle3" not in arch:
+    if "Eagle3" not in str(arch):
         raise DrafterMismatchError(
             f"{source}: architectures is {cfg.get('architectures')!r}; an EAGLE-3 drafter has "
             f"{ARCHITECTURE!r} (EAGLE-1/2 drafters are a different format)")
+
+
+def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "config.json",
+                   convention: Convention | None = None) -> DrafterConfig:
+    check_architecture(cfg, source)
     layers = int(cfg.get("num_hidden_layers") or 1)
     if layers != 1:
         raise DrafterMismatchError(f"{source}: num_hidden_layers is {layers}; this engine runs the one-layer "
@@ -288,6 +293,9 @@ def check_drafter_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: drafter directory not found (expected config.json + *.safetensors)")
+    if (path / "config.json").is_file():  # what it is, when it says: the most telling refusal first
+        cfg = read_config_json(path, DrafterMismatchError, "an EAGLE-3 drafter")
+        check_architecture(cfg, str(path / "config.json"))
     missing = [what for what, ok in (("config.json", (path / "config.json").is_file()),
                                      ("*.safetensors", any(path.glob("*.safetensors")))) if not ok]
     if missing:

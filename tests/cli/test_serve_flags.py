@@ -35,7 +35,7 @@ def test_a_drafter_dir_without_a_drafter_and_bad_sampling_are_refused_before_loa
     empty = build_parser().parse_args([command, "--drafter", str(tmp_path), *prompt])
     with pytest.raises(DrafterMismatchError, match=r"holds no drafter \(no config.json and no \*.safetensors\)"):
         decoder_spec(empty)
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}')
     with pytest.raises(DrafterMismatchError, match=r"holds no drafter \(no \*.safetensors\)"):
         decoder_spec(empty)
     if command == "generate":
