@@ -149,6 +149,7 @@ class SpecPolicy:
         self.spec_tokens = 0.0  # tokens of speculative steps (slowly forgotten) ...
         self.spec_rows = 0.0  # ... over the rows they decoded: the accept length per row
         self.calibrated: dict[int, bool] = {}  # 'auto': batch size bucket -> speculate (BatchEngine.calibrate)
+        self.calibrated_rates: dict[int, tuple[float, float]] = {}  # bucket -> measured (spec, plain) tok/s
 
     @property
     def accept_length(self) -> float:
@@ -183,10 +184,11 @@ class SpecPolicy:
     def decide(self, batch: int, plain_s: float, spec_s: float, spec_tokens: float) -> bool:
         """'auto' for this batch size bucket from one calibration: speculate when its steps' tokens
         per second (``spec_tokens`` per ``spec_s``) beat a plain step's ``batch`` per ``plain_s``."""
-        self.calibrated[batch] = spec_tokens / max(spec_s, 1e-9) >= batch / max(plain_s, 1e-9)
+        spec_rate, plain_rate = spec_tokens / max(spec_s, 1e-9), batch / max(plain_s, 1e-9)
+        self.calibrated[batch] = spec_rate >= plain_rate
+        self.calibrated_rates[batch] = (spec_rate, plain_rate)  # per bucket: each has its own accept count
         for spec, seconds in ((False, plain_s), (True, spec_s)):
             self.step_s[batch, spec] = seconds
-        self.spec_tokens, self.spec_rows = spec_tokens, float(batch)
         return self.calibrated[batch]
 
     def to_dict(self) -> dict[str, dict[str, float]]:

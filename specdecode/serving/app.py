@@ -74,10 +74,10 @@ def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
     t0 = time.perf_counter()
     log.info("spec policy auto: timing plain and speculative steps per batch size before serving ...")
     chosen = batcher.calibrate(prompt_ids)
-    rates = batcher.policy.to_dict()
+    rates = batcher.policy.calibrated_rates
     log.info("spec policy auto (%.1f s): %s", time.perf_counter() - t0, ", ".join(
-        f"batch {b}: {'speculative' if spec else 'plain'} ({rates[str(b)]['spec']:.0f} vs {rates[str(b)]['plain']:.0f} "
-        "tok/s)" for b, spec in sorted(chosen.items())))
+        f"batch {b}: {'speculative' if spec else 'plain'} ({rates[b][0]:.0f} vs {rates[b][1]:.0f} tok/s)"
+        for b, spec in sorted(chosen.items())))
 
 
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
