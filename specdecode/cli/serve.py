@@ -58,7 +58,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         f"serving: follows the load, but in bf16 a repeated request may change; default: "
                         f"{b.spec_policy})")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
-                   help="seconds a shutdown waits for running requests (default: 30)")
+                   help="seconds a shutdown (SIGTERM) waits for running requests, with /health answering 503 meanwhile "
+                        "(default: 30)")
     g.add_argument("--log-interval", type=float, default=d.log_interval,
                    help="seconds between decode summaries in the log while busy (default: 10)")
 

@@ -184,17 +184,35 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 
 class _GracefulServer(uvicorn.Server):
-    """On SIGTERM/SIGINT uvicorn stops accepting, waits for open requests, and only then
-    runs the app's shutdown. Closing the scheduler at the signal fails queued requests
-    at once (503) instead of generating them all first; the running one finishes."""
+    """A drain before uvicorn's shutdown. At the first SIGTERM/SIGINT the scheduler closes: queued
+    requests get 503 with Retry-After at once (streams included: their status waits for the batch),
+    new ones too, /health answers 503 "shutting down", and the port stays open so a load balancer
+    sees that instead of a refused connection. When the running requests have finished (or
+    ``drain_s`` has passed) uvicorn's own shutdown runs: it stops listening, waits for open
+    connections, then the app's lifespan ends. A second signal skips the drain (uvicorn's own
+    handling: SIGINT twice forces the exit)."""
 
-    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler, drain_s: float) -> None:
         super().__init__(config)
         self.scheduler = scheduler
+        self.drain_s = drain_s
+        self.draining: tuple[int, float] | None = None  # (signal, when the drain began)
 
     def handle_exit(self, sig, frame) -> None:
-        self.scheduler.close_soon()
+        if self.draining is None and not self.should_exit:
+            self.draining = (sig, time.monotonic())
+            self.scheduler.close_soon()
+            log.info("shutting down: no new requests; waiting up to %.0f s for the running ones", self.drain_s)
+            return
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.draining is not None and not self.should_exit:
+            sig, since = self.draining
+            running, queued = self.scheduler.load()
+            if (running == 0 and queued == 0) or time.monotonic() - since >= self.drain_s:
+                super().handle_exit(sig, None)
+        return await super().on_tick(counter)
 
 
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *, shutdown_timeout_s: float = 30.0,
@@ -203,4 +221,4 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *, shut
     # uvicorn waits float seconds (asyncio.wait_for) though its annotation says int
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=shutdown_timeout_s)  # type: ignore[arg-type]
-    return _GracefulServer(config, app.state.server.scheduler)
+    return _GracefulServer(config, app.state.server.scheduler, shutdown_timeout_s)

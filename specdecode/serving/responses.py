@@ -1,5 +1,7 @@
 """Responses in OpenAI's shapes: whole (chat) completions, and server-sent event streams
-that end in ``data: [DONE]`` or, once the status line is sent, an in-band error event."""
+that end in ``data: [DONE]`` or, once the status line is sent, an in-band error event. A stream's
+status line waits until its job has joined the batch (``wait_started``), so a request refused
+while it queued (shutdown: 503 with Retry-After) gets its status, not a 200 and an error event."""
 
 from __future__ import annotations
 
@@ -109,6 +111,19 @@ async def _cancel_on_disconnect(scheduler: Scheduler, job: Job, receive) -> None
         pass
     scheduler.cancel(job)
     job.events.put_nowait(client_gone())
+
+
+async def wait_started(scheduler: Scheduler, job: Job, receive) -> None:
+    """Until ``job`` joins the batch: a client that leaves meanwhile cancels it (499); an error
+    before it started is raised here, to be answered with its own status."""
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(scheduler, job, receive))
+    try:
+        await job.started()
+    except BaseException:
+        scheduler.cancel(job)
+        raise
+    finally:
+        watcher.cancel()
 
 
 async def collect(scheduler: Scheduler, job: Job, shape: Shape, receive, token_ids: bool = False) -> dict:

@@ -31,6 +31,7 @@ from specdecode.serving.metrics import Metrics
 log = logging.getLogger(__name__)
 
 END = object()  # the last event of every job
+STARTED = object()  # posted when a job joins the batch, before its first chunk
 
 
 @dataclass(eq=False)  # identity equality: jobs are removed from the queue by identity
@@ -50,11 +51,22 @@ class Job:
         with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
+    async def started(self) -> None:
+        """Wait until the job joins the batch; a job refused before it started (the server shutting
+        down, a request that could not join) raises its APIError here, while a stream can still
+        answer with its status (503, 500) instead of an in-band error after a 200."""
+        while (event := await self.events.get()) is not STARTED:
+            if isinstance(event, APIError):
+                raise event
+            if event is END:
+                raise APIError(500, "the request ended before it started; see the server log", type="server_error")
+
     async def chunks(self) -> AsyncIterator[StreamChunk]:
         while (event := await self.events.get()) is not END:
             if isinstance(event, APIError):
                 raise event
-            yield event
+            if event is not STARTED:
+                yield event
 
 
 class Batcher(Protocol):
@@ -250,6 +262,7 @@ class Scheduler:
                 self.metrics.count_prompt(len(job.prompt_ids))
                 try:
                     self.batcher.add(id(job), job.prompt_ids, job.options)
+                    job.post(STARTED)
                 except Exception:  # the handlers checked the request: a bug; this request fails, not the server
                     log.exception("a request could not join the batch")
                     with self._cv:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import re
 import signal
@@ -94,7 +95,7 @@ def test_graceful_shutdown_finishes_running_and_fails_queued(slow_server):
     def queued_stream():
         with httpx.stream("POST", base + COMPLETIONS, timeout=30, json={
                 "model": NAME, "prompt": "Hi", "max_tokens": 5, "stream": True}) as r:
-            results["queued_stream"] = (r.status_code, sse_events(r.iter_lines()))
+            results["queued_stream"] = (r.status_code, r.headers, r.read())
 
     threads = [threading.Thread(target=running_stream)]
     threads[0].start()
@@ -110,6 +111,14 @@ def test_graceful_shutdown_finishes_running_and_fails_queued(slow_server):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     slow_server.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
+    # draining: the port stays open while the running stream finishes (60 tokens x STEP_S = 2.4 s);
+    # /health says so, and a new request is refused as the queued ones were
+    health = http.get("/health")
+    assert health.status_code == 503 and health.json() == {"status": "shutting down"}
+    late = http.post(CHAT, json={"model": NAME, "messages": MSG, "max_tokens": 5, "stream": True})
+    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+    assert int(late.headers["retry-after"]) >= 1
+    assert "running" not in results  # the drain above happened while it ran
     for t in threads:
         t.join(30)
     slow_server.thread.join(30)
@@ -119,8 +128,11 @@ def test_graceful_shutdown_finishes_running_and_fails_queued(slow_server):
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] in ("stop", "length")
     plain = results["queued_plain"]
     assert plain.status_code == 503 and plain.json()["error"]["code"] == "shutting_down"
-    status, events = results["queued_stream"]
-    assert status == 200 and events[-1]["error"]["code"] == "shutting_down" and "[DONE]" not in events
+    assert int(plain.headers["retry-after"]) >= 1
+    status, headers, body = results["queued_stream"]
+    # a queued stream is answered before its status line: 503 and the error, as the README promises
+    assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
+    assert int(headers["retry-after"]) >= 1
 
 
 def test_load_16_concurrent_streaming_clients(server, http, tokenizer):
