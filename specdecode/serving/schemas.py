@@ -102,6 +102,11 @@ def validate_body(body: bytes, schema: type[GenerationBody], model_name: str) ->
     try:
         req = schema.model_validate_json(body)
     except ValidationError as e:
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as u:  # UTF-16, Latin-1, binary: say the encoding, not "expected value"
+            raise APIError(400, f"the request body is not UTF-8 (byte 0x{body[u.start]:02x} at offset {u.start}): "
+                                "send JSON encoded as UTF-8", code="invalid_json") from None
         raise schema_error(e) from None
     if req.model != model_name:
         raise APIError(404, f"the model '{req.model[:200]}' does not exist; this server serves '{model_name}'",

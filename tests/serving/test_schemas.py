@@ -1,5 +1,6 @@
 """Request validation (``serving/schemas.py``): schema errors are 400s naming the field, malformed
-JSON is a 400, and fuzzed bodies never get a 5xx."""
+JSON or another encoding is a 400 that says so, and fuzzed bodies (objects: every 400 names a field) and
+fuzzed bytes never get a 5xx."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def test_schema_errors_are_400_naming_the_field(http, path, body, param, words):
 @pytest.mark.parametrize("content,words", [
     (b"{not json", ["not valid JSON"]),
     (b"", ["not valid JSON"]),
-    (b"\xff\xfe", ["not valid JSON"]),
+    (b"\xff\xfe", ["not UTF-8", "0xff", "offset 0"]),
+    ('{"prompt": "h\u00e9"}'.encode("latin-1"), ["not UTF-8", "0xe9", "offset 13"]),
+    (b'{"prompt": "a\\ud800b"}', ["not valid JSON"]),  # a lone surrogate
     (b"[1, 2]", ["JSON object"]),
     (b"[" * 5000 + b"]" * 5000, ["not valid JSON"]),
 ])
@@ -86,6 +89,9 @@ OPTIONAL = {
 }
 
 
+REQUIRED = {"model", "messages", "prompt"}  # a missing one is named though the body lacks it
+
+
 def valid_body(chat: bool):
     required = {"model": st.just(NAME), "max_tokens": st.integers(1, 4)}
     if chat:
@@ -112,9 +118,34 @@ def test_fuzzed_bodies_never_get_a_5xx(http, case):
         text = "".join(r.iter_text())
     assert r.status_code < 500, text
     if r.status_code != 200:
-        assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
+        err = json.loads(text)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+        if r.status_code == 400 and isinstance(body, dict):  # a body that is an object: the 400 names its field
+            assert err["param"] and err["param"].split(".")[0].split("[")[0] in {*body, *REQUIRED}, (body, err)
     elif r.headers["content-type"].startswith("text/event-stream"):
         events = sse_events(text.split("\n"))
         assert events[-1] == "[DONE]"
     else:
         assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def _reencoded(body: dict):
+    text = json.dumps(body, ensure_ascii=False)
+    return st.sampled_from([text.encode("utf-16"), text.encode("utf-8-sig"), text.encode("latin-1", "replace"),
+                            text.encode("utf-8").replace(b'"', b"'"), text.encode("utf-8")[: len(text) // 2]])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.booleans().flatmap(lambda chat: st.tuples(st.just(chat), st.one_of(
+    st.binary(max_size=300),  # any bytes
+    valid_body(chat).flatmap(_reencoded),  # a valid body in another encoding, or cut short
+    st.text(max_size=50).map(lambda t: f'{{"model": "{NAME}", "prompt": "{t}", "max_tokens": 2}}'.encode(
+        "utf-8", "surrogatepass")),  # raw text (quotes, backslashes, controls, surrogates) inside a string
+))))
+def test_fuzzed_bytes_never_get_a_5xx(http, case):
+    chat, content = case
+    r = post(http, CHAT if chat else COMPLETIONS, content=content)
+    assert r.status_code < 500, r.text
+    if r.status_code != 200:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
