@@ -13,8 +13,10 @@ from specdecode.training.data import BuildProgress, DataBuildConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="build drafter training data with the target model")
-    p = data.add_subparsers(dest="data_command", required=True).add_parser(
+    data = sub.add_parser("data", help="build drafter training data with the target model, or export it")
+    commands = data.add_subparsers(dest="data_command", required=True)
+    add_export_parser(commands)
+    p = commands.add_parser(
         "build", help="let the target answer prompts; store tokens and loss masks",
         description="Apply the chat template to seed prompts (and instructions the target bootstraps from them), "
                     "let the target generate the responses (batched; greedy and sampled mix), and append them to a "
@@ -45,6 +47,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     add_model_args(p)
     p.set_defaults(func=run)
+
+
+def add_export_parser(commands: argparse._SubParsersAction) -> None:
+    from specdecode.training.export import EXPORT_FORMATS
+
+    p = commands.add_parser(
+        "export", help="write a data set for another trainer (SpecForge's conversations JSONL)",
+        description="Write a data set's samples as SpecForge's training data: one JSON line per sample, "
+                    "{id, conversations: [system, user, assistant]}, the system message always written (the "
+                    "prompt the target answered; SpecForge keeps a conversation's own system message). Each "
+                    "conversation re-renders to the stored prompt tokens, else it is left out and counted. Train "
+                    "with SpecForge's --chat-template qwen for SmolLM2 (the same ChatML headers).")
+    p.add_argument("data", help="data directory (from `specdecode data build`)")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="specforge", help="default: specforge")
+    p.add_argument("--out", required=True, help="output .jsonl file")
+    p.add_argument("--split", choices=("train", "heldout", "all"), default="train", help="default: train")
+    p.add_argument("--model", default=None,
+                   help="the model whose tokenizer built the data (default: the manifest's, else SmolLM2's GGUF)")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specdecode.io.errors import ModelLoadError
+    from specdecode.training.dataset import DataSet
+    from specdecode.training.export import dataset_tokenizer, export_specforge
+
+    ds = DataSet(args.data)
+    try:
+        tokenizer = dataset_tokenizer(ds, args.model)
+    except (FileNotFoundError, ValueError, ModelLoadError) as e:
+        notice(f"error: {e}")
+        return 2
+    summary = export_specforge(ds, tokenizer, Path(args.out), None if args.split == "all" else args.split,
+                               on_progress=lambda done, total: notice(f"exported {done}/{total} samples"))
+    print(json.dumps({"out": args.out, "split": args.split, **summary.as_dict()}))
+    return 0
 
 
 def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
