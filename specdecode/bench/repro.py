@@ -1,0 +1,111 @@
+"""Reproducibility, measured: does the same request give the same tokens when it is repeated, when
+it is batched with others, and when it is decoded speculatively instead of plainly?
+
+Everything goes through the server's machinery (``core.batching``'s continuous batching): a
+request alone is a batch of one slot; batched, ``ReproConfig.batch`` slots take the prompts as they
+come (rows join as others finish, so each request meets changing neighbours). Per decoding mode
+(plain steps, as ``--spec-policy never``; speculative steps, as ``always``; ``auto`` is one of the
+two per batch size, fixed at start):
+
+- ``repeat``: greedy alone, ``repeats`` times: every run equal to the first;
+- ``seeded``: sampled alone with one seed, twice: equal;
+- ``batched``: greedy in a batch of ``batch`` slots: equal to greedy alone;
+- ``vs_plain`` (speculative only): greedy alone equal to the plain mode's greedy alone.
+
+Counts are prompts whose outputs were identical over all their tokens; where they differ, the first
+differing position is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from specdecode.core.batching import BatchConfig, SpecPolicyName, generate_all
+from specdecode.core.engine import GenerateOptions
+from specdecode.core.model import Transformer
+from specdecode.core.sampling import SamplingParams
+from specdecode.core.speculative import Drafter, SpecConfig
+
+
+@dataclass(frozen=True)
+class ReproConfig:
+    max_new_tokens: int = 64
+    repeats: int = 3  # greedy runs alone per prompt
+    batch: int = 4  # slots in the batched run
+    temperature: float = 0.8  # the seeded runs
+    seed: int = 1234
+
+
+@dataclass
+class Agreement:
+    """How many prompts gave identical outputs in one comparison, and where the others first differed."""
+
+    identical: int = 0
+    prompts: int = 0
+    first_difference: list[int] = field(default_factory=list)
+
+    def add(self, a: Sequence[int], b: Sequence[int]) -> None:
+        self.prompts += 1
+        if list(a) == list(b):
+            self.identical += 1
+        else:
+            self.first_difference.append(next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                                              min(len(a), len(b))))
+
+    def __str__(self) -> str:
+        return f"{self.identical}/{self.prompts}"
+
+
+@dataclass
+class ModeResult:
+    mode: str  # plain | speculative
+    repeat: Agreement = field(default_factory=Agreement)
+    seeded: Agreement = field(default_factory=Agreement)
+    batched: Agreement = field(default_factory=Agreement)
+    vs_plain: Agreement | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _runs(model: Transformer, prompts: Sequence[Sequence[int]], options: GenerateOptions, stop: Sequence[int],
+          slots: int, drafter: Drafter | None, spec: SpecConfig | None) -> list[list[int]]:
+    policy: SpecPolicyName = "never" if drafter is None else "always"
+    slot_tokens = max(len(p) for p in prompts) + options.max_new_tokens + (spec.num_draft_tokens if spec else 0) + 1
+    return generate_all(model, prompts, options, stop, BatchConfig(slots=slots, slot_tokens=slot_tokens,
+                                                                    spec_policy=policy), drafter, spec)
+
+
+def measure(model: Transformer, prompts: Sequence[Sequence[int]], stop_token_ids: Sequence[int],
+            drafter: Drafter | None, spec: SpecConfig | None, cfg: ReproConfig = ReproConfig(),
+            on_progress: Callable[[str], None] | None = None) -> list[ModeResult]:
+    """Plain mode, then speculative mode when ``drafter`` is given; see the module docstring."""
+    greedy = GenerateOptions(cfg.max_new_tokens)
+    seeded = GenerateOptions(cfg.max_new_tokens, SamplingParams(cfg.temperature, seed=cfg.seed))
+    results: list[ModeResult] = []
+    plain_alone: list[list[int]] | None = None
+    for mode, d, s in (("plain", None, None), ("speculative", drafter, spec)):
+        if mode == "speculative" and drafter is None:
+            break
+        result = ModeResult(mode)
+        say = on_progress or (lambda _: None)
+        say(f"{mode}: greedy alone x{cfg.repeats}")
+        alone = [_runs(model, prompts, greedy, stop_token_ids, 1, d, s) for _ in range(cfg.repeats)]
+        for i in range(len(prompts)):
+            result.repeat.add(alone[0][i], next((run[i] for run in alone[1:] if run[i] != alone[0][i]), alone[0][i]))
+        say(f"{mode}: seeded alone x2")
+        first, second = (_runs(model, prompts, seeded, stop_token_ids, 1, d, s) for _ in range(2))
+        for a, b in zip(first, second, strict=True):
+            result.seeded.add(a, b)
+        say(f"{mode}: greedy in a batch of {cfg.batch}")
+        for a, b in zip(alone[0], _runs(model, prompts, greedy, stop_token_ids, cfg.batch, d, s), strict=True):
+            result.batched.add(a, b)
+        if plain_alone is None:
+            plain_alone = alone[0]
+        else:
+            result.vs_plain = Agreement()
+            for a, b in zip(plain_alone, alone[0], strict=True):
+                result.vs_plain.add(a, b)
+        results.append(result)
+    return results
