@@ -1,5 +1,5 @@
-"""`specdecode export`: write a drafter in SGLang's or vLLM's aux-layer-id convention
-(a front end to ``specdecode.integrations.export.export_drafter``)."""
+"""`specdecode export`: write a drafter for SGLang and vLLM (``integrations.export.export_drafter``) or
+as llama.cpp's EAGLE-3 GGUF (``integrations.llamacpp.export_drafter_gguf``)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,24 @@ import argparse
 
 from specdecode.cli.common import add_model_args
 from specdecode.integrations.export import ENGINES
+from specdecode.integrations.llamacpp import GGUF_OUTTYPES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     about = ("write a drafter for SGLang, vLLM and SpecForge, checked against the target: the aux-layer ids in "
              "both places those engines read them (eagle_config in SGLang's numbering, the top level in vLLM's), "
-             "so one file serves every engine")
+             "so one file serves every engine; or (--format gguf) as llama.cpp's EAGLE-3 GGUF for "
+             "llama-server --spec-type draft-eagle3")
     p = sub.add_parser("export", help=about, description=about)
-    p.add_argument("--format", choices=ENGINES, required=True,
-                   help="the engine it is for (the file is the same for both: it carries both engines' lists)")
+    p.add_argument("--format", choices=(*ENGINES, "gguf"), required=True,
+                   help="the engine it is for: sglang and vllm get the same directory (it carries both engines' "
+                        "lists); gguf: one file for llama.cpp (target layers, q/k in GGML's RoPE layout, absolute "
+                        "d2t, the target GGUF's tokenizer)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
-    p.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
+    p.add_argument("--out", required=True,
+                   help="output directory (config.json + model.safetensors), or the .gguf file for --format gguf")
+    p.add_argument("--outtype", choices=GGUF_OUTTYPES, default="f32",
+                   help="--format gguf: the 2-D weights' type (norms stay f32; default: f32)")
     p.add_argument("--aux-layer-convention", choices=ENGINES, default=None,
                    help="how to read the SOURCE drafter's explicit aux ids when it does not record it")
     add_model_args(p)
@@ -27,6 +34,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from specdecode.integrations.export import export_drafter
 
+    if args.format == "gguf":
+        from specdecode.integrations.llamacpp import export_drafter_gguf
+
+        g = export_drafter_gguf(args.model, args.drafter, args.out, args.outtype)
+        print(f"wrote {g['out']} for llama.cpp ({g['outtype']}): eagle3.target_layers {g['target_layers']} (the "
+              f"hidden states entering those target layers), draft vocabulary {g['draft_vocab']}, the target's "
+              f"tokenizer ({g['tokenizer_keys']} keys); run it with llama-server -m TARGET.gguf -md {g['out']} "
+              "--spec-type draft-eagle3")
+        return 0
     info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention)
     print(f"wrote {info['out']} for {info['format']}: eagle_config ids {info['aux_ids']} (SGLang's numbering) and "
           f"top-level ids {info['taps_entering_layers']} (vLLM's): the hidden states entering target layers "

@@ -173,7 +173,7 @@ def resolve_aux_layer_ids(eagle_config: dict[str, Any], target: ModelConfig, sou
     return taps
 
 
-def _to_checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
+def checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
     c = drafter.config.layer
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     m = drafter.midlayer
@@ -200,7 +200,7 @@ def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state: dict[str, Tensor] = {}
-    for k, v in _to_checkpoint_state(drafter).items():
+    for k, v in checkpoint_state(drafter).items():
         v = v.detach()
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)

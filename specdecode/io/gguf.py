@@ -42,6 +42,13 @@ def _unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def permute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
+    """The inverse of ``_unpermute_rope_rows``: HF's rotate-half rows of a Q/K projection in the
+    adjacent-pair layout llama.cpp's RoPE expects (what its converter writes)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def _gguf_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None:

@@ -1,0 +1,149 @@
+"""llama.cpp as a deployment target: an EAGLE-3 drafter written as llama.cpp's ``eagle3`` GGUF.
+
+The layout, as llama.cpp reads it (``src/models/eagle3.cpp``; its own converter writes the same):
+- ``general.architecture = "eagle3"``, the usual ``eagle3.*`` hyperparameters of the one layer,
+  ``eagle3.target_layers`` (3 ids, each the *input* of that target layer, as our ``aux_layer_ids``),
+  ``eagle3.target_hidden_size``, ``eagle3.norm_before_residual`` (false: ours adds the raw hidden);
+- tensors ``fc.weight`` (3 target widths -> H), ``blk.0.attn_norm`` (the embedding's norm),
+  ``blk.0.attn_norm_2`` (the hidden state's), ``blk.0.attn_{q,k,v,output}`` over the 2H input, q/k rows
+  permuted to the adjacent-pair RoPE layout GGML rotates, ``blk.0.ffn_{norm,gate,up,down}``,
+  ``output_norm``, ``output`` (the draft vocabulary's head) and ``d2t`` as *absolute* target ids
+  (I64; ours stores offsets: target = i + d2t[i]); ``t2d`` is not used there and not written; no
+  ``token_embd``: llama.cpp takes the target's;
+- the target's tokenizer metadata (``tokenizer.*``), copied from the target GGUF.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specdecode.io.gguf import open_gguf, permute_rope_rows
+
+if TYPE_CHECKING:
+    from specdecode.core.drafter import Eagle3Drafter
+
+GGUF_OUTTYPES = ("f32", "f16", "bf16")
+
+
+def _copy_tokenizer(reader: Any, writer: Any) -> int:
+    """Every ``tokenizer.*`` key of the target GGUF, types kept; returns how many."""
+    copied = 0
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        main = field.types[0]
+        sub = field.types[1] if len(field.types) > 1 else None
+        writer.add_key_value(key, field.contents(), main, sub_type=sub)
+        copied += 1
+    return copied
+
+
+def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str | Path, outtype: str = "f32",
+                       name: str = "eagle3-drafter") -> dict:
+    """Write ``drafter`` as llama.cpp's EAGLE-3 GGUF at ``out`` (see the module docstring); 2-D
+    weights in ``outtype``, norms and ``d2t`` at full precision. Returns what was written."""
+    import gguf
+    import numpy as np
+
+    from specdecode.io.checkpoints import checkpoint_state
+
+    if outtype not in GGUF_OUTTYPES:
+        raise ValueError(f"outtype must be one of {', '.join(GGUF_OUTTYPES)}, got {outtype!r}")
+    c = drafter.config.layer
+    if c.rope_scaling:
+        raise ValueError(f"the drafter uses rope_scaling {c.rope_scaling}; this exporter writes plain RoPE only "
+                         "(convert with llama.cpp's convert_hf_to_gguf.py --target-model-dir instead)")
+    if len(drafter.config.aux_layer_ids) != 3:
+        raise ValueError(f"llama.cpp's EAGLE-3 takes exactly 3 target layers; this drafter fuses "
+                         f"{len(drafter.config.aux_layer_ids)}: {list(drafter.config.aux_layer_ids)}")
+    target = open_gguf(Path(target_gguf))
+    vocab = len(target.fields["tokenizer.ggml.tokens"].contents()) if "tokenizer.ggml.tokens" in target.fields else 0
+    if vocab != c.vocab_size:
+        raise ValueError(f"{target_gguf}: its tokenizer has {vocab} tokens, the drafter's target {c.vocab_size}: "
+                         "pass the GGUF of the target this drafter was trained for (--model)")
+    state = {k: v.detach().to("cpu", torch.float32) for k, v in checkpoint_state(drafter).items()}
+    d2t = (state["d2t"].long() + torch.arange(len(state["d2t"]))).numpy().astype(np.int64)
+    if d2t.min() < 0 or d2t.max() >= c.vocab_size or len(np.unique(d2t)) != len(d2t):
+        raise ValueError("the drafter's d2t maps outside the target vocabulary or twice to one id")
+    names = {
+        "fc.weight": "fc.weight",
+        "midlayer.input_layernorm.weight": "blk.0.attn_norm.weight",
+        "midlayer.hidden_norm.weight": "blk.0.attn_norm_2.weight",
+        "midlayer.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+        "midlayer.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+        "midlayer.self_attn.v_proj.weight": "blk.0.attn_v.weight",
+        "midlayer.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+        "midlayer.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+        "midlayer.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+        "midlayer.mlp.up_proj.weight": "blk.0.ffn_up.weight",
+        "midlayer.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+        "norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    state["midlayer.self_attn.q_proj.weight"] = permute_rope_rows(state["midlayer.self_attn.q_proj.weight"],
+                                                                  c.num_heads)
+    state["midlayer.self_attn.k_proj.weight"] = permute_rope_rows(state["midlayer.self_attn.k_proj.weight"],
+                                                                  c.num_kv_heads)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), "eagle3")
+    writer.add_name(name)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_heads)
+    writer.add_head_count_kv(c.num_kv_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_rope_dimension_count(c.head_dim)
+    writer.add_rope_freq_base(c.rope_theta)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_array("eagle3.target_layers", [int(i) for i in drafter.config.aux_layer_ids])
+    writer.add_uint32("eagle3.target_hidden_size", drafter.config.target_hidden_size)
+    writer.add_bool("eagle3.norm_before_residual", False)
+    copied = _copy_tokenizer(target, writer)
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype]
+    writer.add_file_type(file_type)
+    for key, gguf_name in names.items():
+        data = state[key].numpy()
+        if data.ndim == 1 or outtype == "f32":
+            writer.add_tensor(gguf_name, data.astype(np.float32))
+        elif outtype == "f16":
+            writer.add_tensor(gguf_name, data.astype(np.float16))
+        else:
+            qtype = gguf.GGMLQuantizationType.BF16
+            writer.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)  # bytes: shape follows
+    writer.add_tensor("d2t", d2t, raw_dtype=gguf.GGMLQuantizationType.I64)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(out)
+    return {"out": str(out), "outtype": outtype, "target_layers": list(drafter.config.aux_layer_ids),
+            "draft_vocab": len(d2t), "tokenizer_keys": copied}
+
+
+def export_drafter_gguf(model: str | None, drafter: str | Path | None, out: str | Path, outtype: str = "f32") -> dict:
+    """Load ``drafter`` (default: the shipped one) against the target GGUF ``model`` (default:
+    SmolLM2's) and write it for llama.cpp (``write_drafter_gguf``)."""
+    from specdecode.io.checkpoints import load_drafter
+    from specdecode.io.loading import load_model
+    from specdecode.io.paths import default_drafter_path
+
+    path = drafter or default_drafter_path()
+    if path is None:
+        raise ValueError("no drafter given and no shipped drafter for this model: pass --drafter DIR")
+    loaded = load_model(model, "float32", "cpu")
+    if loaded.source.suffix.lower() != ".gguf":
+        raise ValueError(f"{loaded.source}: llama.cpp runs a GGUF target and the drafter's file takes its tokenizer "
+                         "from it; convert the target with llama.cpp's convert_hf_to_gguf.py and pass --model "
+                         "TARGET.gguf")
+    head = load_drafter(path, loaded.model)
+    return {"source": str(path)} | write_drafter_gguf(head, loaded.source, out, outtype)
