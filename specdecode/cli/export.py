@@ -1,5 +1,5 @@
 """`specdecode export`: write a drafter for SGLang and vLLM (``integrations.export.export_drafter``) or
-as llama.cpp's EAGLE-3 GGUF (``integrations.llamacpp.export_drafter_gguf``)."""
+as llama.cpp's EAGLE-3 GGUF (``io.llamacpp.export_drafter_gguf``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 from specdecode.cli.common import add_model_args
 from specdecode.integrations.export import ENGINES
-from specdecode.integrations.llamacpp import GGUF_OUTTYPES
+from specdecode.io.llamacpp import GGUF_OUTTYPES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.integrations.export import export_drafter
 
     if args.format == "gguf":
-        from specdecode.integrations.llamacpp import export_drafter_gguf
+        from specdecode.io.llamacpp import export_drafter_gguf
 
         g = export_drafter_gguf(args.model, args.drafter, args.out, args.outtype)
         print(f"wrote {g['out']} for llama.cpp ({g['outtype']}): eagle3.target_layers {g['target_layers']} (the "

@@ -11,14 +11,14 @@ import sys
 
 from specdecode.cli.common import add_store_args, spec_config
 from specdecode.core.speculative import SpecConfig
-from specdecode.integrations.export import ENGINES
+from specdecode.integrations.launch import CHAIN_ENGINES, LAUNCH_ENGINES
 
-VLLM_TOPK = 1  # vLLM's EAGLE-3 proposes chains only: its default branching
+VLLM_TOPK = 1  # vLLM's and llama.cpp's EAGLE-3 propose chains only: their branching
 
 
 def launch_spec(args: argparse.Namespace) -> SpecConfig:
-    """SpecConfig() for SGLang; for vLLM the same with topk 1 (the only shape it drafts)."""
-    if args.topk is None and args.engine == "vllm":
+    """SpecConfig() for SGLang; for vLLM and llama.cpp the same with topk 1 (the only shape they draft)."""
+    if args.topk is None and args.engine in CHAIN_ENGINES:
         args = argparse.Namespace(**vars(args) | {"topk": VLLM_TOPK})
     spec = spec_config(args)
     return spec if isinstance(spec, SpecConfig) else spec.static()  # nothing to measure the engine's machine with
@@ -26,21 +26,22 @@ def launch_spec(args: argparse.Namespace) -> SpecConfig:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = SpecConfig()
-    p = sub.add_parser("launch", help="launch SGLang or vLLM with EAGLE-3 flags, a launch profile and a recorded "
-                                      "fingerprint",
+    p = sub.add_parser("launch", help="launch SGLang, vLLM or llama.cpp's llama-server with EAGLE-3 flags, a launch "
+                                      "profile and a recorded fingerprint",
                        description="Build the engine's server command (speculative flags, tensor parallel size), "
                                    "apply the launch profile's environment, record the launch in the results store, "
                                    "and run it (--dry-run prints it). Measure it with `specdecode bench --endpoint`.")
-    p.add_argument("engine", choices=ENGINES)
+    p.add_argument("engine", choices=LAUNCH_ENGINES)
     p.add_argument("--model", default=None, help="target model: HF directory or GGUF (converted to an HF directory "
                                                  "the engines can read); default: the shipped SmolLM2")
-    p.add_argument("--drafter", default=None, help="EAGLE-3 drafter directory (default: the shipped one)")
+    p.add_argument("--drafter", default=None,
+                   help="EAGLE-3 drafter directory, or for llama.cpp its GGUF (default: the shipped one)")
     p.add_argument("--no-spec", action="store_true", help="launch without speculative decoding (a baseline)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--num-steps", type=int, default=None, help=f"draft depth (default {d.num_steps}, SpecConfig's)")
     p.add_argument("--topk", type=int, default=None,
-                   help=f"branching per draft step (default: SGLang {d.topk}, SpecConfig's; vLLM {VLLM_TOPK}, the "
-                        "only shape it drafts)")
+                   help=f"branching per draft step (default: SGLang {d.topk}, SpecConfig's; vLLM and llama.cpp "
+                        f"{VLLM_TOPK}, the only shape they draft)")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"tree nodes verified, root included (default: SpecConfig's rule, {d.num_draft_tokens} "
                         "for the default)")
@@ -51,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the environment and command; run nothing")
     p.add_argument("--engine-python", default=None, metavar="PYTHON",
                    help="the Python of SGLang's own environment (default: this one's)")
+    g = p.add_argument_group("llama.cpp (launch llamacpp: llama-server on the target GGUF, the drafter exported "
+                             "as its EAGLE-3 GGUF and cached)")
+    g.add_argument("--llama-server", default=None, metavar="PATH",
+                   help="the llama-server binary (default: $SPECDECODE_LLAMA_SERVER, the [llamacpp] extra's, $PATH)")
+    g.add_argument("--threads", type=int, default=None, help="llama-server -t")
+    g.add_argument("--parallel", type=int, default=None, help="llama-server -np: parallel slots (continuous batching)")
     p.add_argument("--engine-args", default="", help="more arguments for the engine, one shell-quoted string, "
                                                      "e.g. \"--mem-fraction-static 0.8\"")
     p.set_defaults(func=run)
@@ -62,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = LaunchConfig(engine=args.engine, model=args.model, drafter=args.drafter, speculative=not args.no_spec,
                        tp=args.tp, spec=launch_spec(args), host=args.host, port=args.port,
                        launch_profile=args.launch_profile, engine_args=tuple(shlex.split(args.engine_args)),
-                       dry_run=args.dry_run, engine_python=args.engine_python)
+                       dry_run=args.dry_run, engine_python=args.engine_python, llama_server=args.llama_server,
+                       threads=args.threads, parallel=args.parallel)
     plan = plan_launch(cfg)
     for w in plan.warnings:
         print(f"WARNING: {w}", file=sys.stderr)

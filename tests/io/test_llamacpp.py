@@ -1,4 +1,4 @@
-"""The drafter as llama.cpp's EAGLE-3 GGUF (``integrations/llamacpp.py``): read back with ``gguf``, a
+"""The drafter as llama.cpp's EAGLE-3 GGUF (``io/llamacpp.py``): read back with ``gguf``, a
 forward written the way llama.cpp's ``eagle3`` graph computes it (adjacent-pair RoPE on the permuted
 q/k rows, absolute d2t ids) gives our drafter's logits."""
 
@@ -71,8 +71,8 @@ def llamacpp_forward(path, embed: np.ndarray, tokens: np.ndarray, features: np.n
 
 @pytest.mark.model
 def test_exported_gguf_gives_our_drafters_logits(tmp_path):
-    from specdecode.integrations.llamacpp import export_drafter_gguf, write_drafter_gguf
     from specdecode.io.checkpoints import load_drafter
+    from specdecode.io.llamacpp import export_drafter_gguf, write_drafter_gguf
     from specdecode.io.loading import load_model
     from specdecode.io.paths import default_drafter_path
 
