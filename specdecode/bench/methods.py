@@ -1,7 +1,8 @@
 """What ``bench --methods`` and ``sweep`` measure: the method-string grammar (one parser) and
 the methods themselves. A method string is ``baseline``, ``hf``, ``llamacpp`` (llama.cpp on the
 same GGUF), ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
-``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids);
+``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids), or
+``llamaserver[:spec=eagle3,n_max=N]`` (llama.cpp's llama-server, started by bench: ``bench.llamaserver``);
 ``baseline`` and ``eagle3`` take ``compile=on|off`` (compiled or eager steps for that method alone,
 whatever ``--compile`` says: both in one interleaved run);
 ``eagle3`` with no parameters is the shape ``generate`` decodes with (``--spec-config auto``: chosen
@@ -32,6 +33,24 @@ from specdecode.runtime.compiling import compiled_steps
 from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.device import synchronize
 from specdecode.runtime.session import Session
+
+# Every method string bench takes: its grammar and what it measures (the --methods help and the
+# unknown-method error are written from this one list).
+METHODS = (
+    ("baseline[:compile=on|off]", "our plain decoding (the usual reference)"),
+    ("eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,compile=on|off]",
+     "our EAGLE-3; no parameters: the shape generate decodes with"),
+    ("hf", "transformers' generate on the same weights"),
+    ("llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF"),
+    ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH]",
+     "llama.cpp's llama-server started by bench, plain or with its EAGLE-3 and our drafter"),
+    ("served:url=URL[,model=NAME]", "a running OpenAI-compatible server, same token ids"),
+)
+
+
+def methods_help() -> str:
+    return "; ".join(f"{grammar} ({what})" for grammar, what in METHODS)
+
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
 EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "compile")
@@ -306,6 +325,11 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         if not decoder.is_speculative:
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
         return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice, steps)
+    if name == "llamaserver":
+        from specdecode.bench.llamaserver import build_llamaserver
+
+        return build_llamaserver(spec, params, session.loaded.source, session.threads, drafter_path,
+                                 session.loaded.tokenizer.eos_token_ids)
     if name == "served":
         if "url" not in params or set(params) - {"url", "model"}:
             raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
@@ -315,5 +339,4 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
             return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
         except RemoteError as e:
             raise ValueError(f"method {spec!r}: {e} (is the server running?)") from None
-    raise ValueError(f"unknown method {name!r}; available: baseline, hf, llamacpp, "
-                     "eagle3[:steps=S,topk=K,draft_tokens=N], served:url=URL")
+    raise ValueError(f"unknown method {name!r}; available: {', '.join(grammar for grammar, _ in METHODS)}")

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from specdecode.bench.harness import BenchConfig
+from specdecode.bench.methods import methods_help
 from specdecode.cli.common import add_model_args, add_store_args, compile_notice, notice
 
 _D = BenchConfig()
@@ -21,10 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Compare decoding methods on the same prompts, model, dtype and threads, run by "
                                    "run interleaved so drift hits all alike.")
     p.add_argument("--methods", default=_D.methods,
-                   help="comma-separated methods; the first is the reference for speedups. Available: baseline, "
-                        "hf (transformers generate), eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH], e.g. "
-                        "'baseline,eagle3:steps=2,topk=1,eagle3:steps=5,topk=4,draft_tokens=16'; baseline and eagle3 "
-                        "take compile=on|off (compiled or eager steps for that method alone, in the same run)")
+                   help="comma-separated methods; the first is the reference for speedups. Available: "
+                        f"{methods_help()}. E.g. 'baseline,eagle3:steps=2,topk=1,llamaserver,"
+                        "llamaserver:spec=eagle3,n_max=2'; compile=on|off: compiled or eager steps for that method "
+                        "alone, in the same run")
     p.add_argument("--drafter", default=None, help="drafter for eagle3 methods (default: the shipped one)")
     p.add_argument("--prompts", default=None,
                    help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")

@@ -1,0 +1,159 @@
+"""llama.cpp's llama-server as a bench method, started by bench itself: ``llamaserver`` (plain) or
+``llamaserver:spec=eagle3,n_max=N`` (its EAGLE-3 with our drafter as its GGUF, ``io.llamacpp``).
+
+Each prompt's token ids go to its native ``/completion`` (streamed, greedy: ``temperature 0``,
+``top_k 1``; ``cache_prompt false``, so every request pays its prefill as ours do; ``return_tokens``
+for the ids), timed on the client, interleaved with the local methods. Its speculative counters come
+from the response's ``timings``: ``draft_n`` drafted, ``draft_n_accepted`` accepted, so a request's
+target forwards are its tokens minus the accepted ones and its accept length tokens / forwards
+(bonus token counted, baseline 1.0), comparable with ours.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from specdecode.bench.methods import RunOutput
+
+SPEC_KEYS = ("spec", "n_max", "drafter", "server")
+STARTUP_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaServerMethod:
+    """A llama-server process on a free loopback port, stopped when bench ends."""
+
+    def __init__(self, name: str, model_gguf: Path, threads: int, stop_ids: Sequence[int],
+                 drafter_gguf: Path | None = None, n_max: int = 1, server: str | None = None, context: int = 4096,
+                 timeout_s: float = 300.0, extra: Sequence[str] = ()) -> None:
+        import httpx
+
+        from specdecode.io.llamacpp import find_llama_server
+
+        if model_gguf.suffix.lower() != ".gguf":
+            raise ValueError(f"method {name!r} runs a GGUF; the model is {model_gguf}")
+        self.name = name
+        self.stop_ids = tuple(stop_ids)
+        self.binary = find_llama_server(server)
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        cmd = [self.binary, "-m", str(model_gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
+               "-tb", str(threads), "-np", "1", "-c", str(context), "--no-webui"]
+        if drafter_gguf is not None:
+            cmd += ["-md", str(drafter_gguf), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max),
+                    "-td", str(threads), "-tbd", str(threads)]
+        self.command = cmd + list(extra)
+        self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
+        atexit.register(self.close)
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
+        self._wait_ready()
+
+    def _tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+
+    def _wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ValueError(f"method {self.name!r}: llama-server exited ({self.proc.returncode}) while starting:\n"
+                                 f"{self._tail()}")
+            try:
+                if self.client.get(self.base + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.close()
+        raise ValueError(f"method {self.name!r}: llama-server did not answer /health within {STARTUP_S:.0f} s:\n"
+                         f"{self._tail()}")
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": False, "stream": True, "return_tokens": True}
+        tokens: list[int] = []
+        timings: dict = {}
+        first = None
+        t0 = time.perf_counter()
+        with self.client.stream("POST", self.base + "/completion", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"method {self.name}: llama-server answered {r.status_code}: {r.read()[:300]!r}")
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                chunk = json.loads(line[len("data: "):])
+                if chunk.get("tokens"):
+                    if first is None:
+                        first = time.perf_counter()
+                    tokens += [int(t) for t in chunk["tokens"]]
+                if chunk.get("stop"):
+                    timings = chunk.get("timings") or {}
+                    # ours count the stop token they end on; llama-server may leave it out of "tokens"
+                    if chunk.get("stop_type") == "eos" and self.stop_ids and (
+                            not tokens or tokens[-1] not in self.stop_ids):
+                        tokens.append(self.stop_ids[0])
+                    break
+        elapsed = time.perf_counter() - t0
+        return RunOutput(tokens, elapsed, (first or t0 + elapsed) - t0, self.stats(len(tokens), timings))
+
+    @staticmethod
+    def stats(generated: int, timings: dict) -> dict:
+        """Its counters in our terms: every token is either an accepted draft or the one a target
+        forward adds, so forwards = tokens - accepted."""
+        out = {"engine": "llama-server", "server_decode_tok_per_s": timings.get("predicted_per_second")}
+        drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+        if drafted and accepted is not None and generated > accepted:
+            cycles = generated - accepted
+            out |= {"cycles": cycles, "accept_length": generated / cycles, "accept_rate": accepted / drafted,
+                    "drafted": drafted, "accepted": accepted}
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threads: int,
+                      drafter_path: str | None, stop_ids: Sequence[int]) -> LlamaServerMethod:
+    """``llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH]``: the drafter (a directory, exported
+    and cached as its GGUF, or a .gguf) defaults to ``--drafter``, else the shipped one."""
+    from specdecode.io.llamacpp import drafter_gguf
+    from specdecode.io.paths import default_drafter_path
+
+    unknown = set(params) - set(SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; use {', '.join(SPEC_KEYS)}")
+    if params.get("spec", "none") not in ("none", "eagle3"):
+        raise ValueError(f"method {spec!r}: spec must be eagle3 (llama.cpp's EAGLE-3) or none")
+    try:
+        n_max = int(params.get("n_max", "1"))
+    except ValueError:
+        raise ValueError(f"method {spec!r}: n_max must be an integer") from None
+    if n_max < 1:
+        raise ValueError(f"method {spec!r}: n_max must be >= 1")
+    drafter = None
+    if params.get("spec") == "eagle3":
+        source = params.get("drafter") or drafter_path or default_drafter_path()
+        if source is None:
+            raise ValueError(f"method {spec!r} needs a drafter: drafter=PATH or --drafter")
+        drafter = drafter_gguf(source, model_gguf)[0]
+    return LlamaServerMethod(spec, model_gguf, threads, stop_ids, drafter, n_max, params.get("server"))
