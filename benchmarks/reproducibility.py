@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from specdecode.bench.fingerprint import capture
@@ -27,6 +28,7 @@ from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.session import RuntimeConfig, start
 
 COLUMNS = ("repeat", "seeded", "batched", "vs_plain")
+SPEEDS = ("alone_tok_s", "batched_tok_s")
 
 
 def row_cells(result: ModeResult) -> list[str]:
@@ -38,7 +40,7 @@ def row_cells(result: ModeResult) -> list[str]:
         else:
             diff = sorted(a.first_difference)
             cells.append(f"{a}" + (f" (first diff at {diff[len(diff) // 2]}, median)" if diff else ""))
-    return cells
+    return cells + [f"{getattr(result, name):.1f}" for name in SPEEDS]
 
 
 def main() -> int:
@@ -55,19 +57,25 @@ def main() -> int:
     p.add_argument("--topk", type=int, default=SpecConfig().topk)
     p.add_argument("--num-draft-tokens", type=int, default=SpecConfig().num_draft_tokens)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also measure serve's --batch-invariant engine (alone = one request in the batch's pool)")
     p.add_argument("--out", default=None, help="directory for reproducibility.json and .md")
     args = p.parse_args()
 
-    cfg = ReproConfig(max_new_tokens=args.max_new_tokens, repeats=args.repeats, batch=args.batch)
+    configs = [ReproConfig(max_new_tokens=args.max_new_tokens, repeats=args.repeats, batch=args.batch)]
+    if args.batch_invariant:
+        configs.append(replace(configs[0], batch_invariant=True))
+    cfg = configs[0]
     spec = SpecConfig(args.num_steps, args.topk, args.num_draft_tokens)
     prompts = load_prompts(args.prompts, limit=args.limit, per_category=args.per_category)
     records, lines = [], []
-    header = "| format | mode | " + " | ".join(COLUMNS) + " |"
+    header = "| format | mode | " + " | ".join(COLUMNS) + " | tok/s alone | tok/s batched |"
     lines += [f"{len(prompts)} prompts x {cfg.max_new_tokens} tokens; greedy alone x{cfg.repeats}, seeded "
               f"(temperature {cfg.temperature}) alone x2, greedy in a batch of {cfg.batch}; speculative shape "
               f"{spec.num_steps} steps, top-{spec.topk}, {spec.num_draft_tokens} tokens; eager steps, "
-              f"{args.threads} threads. Cells: prompts whose outputs were identical.", "",
-              header, "|" + "---|" * (len(COLUMNS) + 2)]
+              f"{args.threads} threads. Cells: prompts whose outputs were identical; tok/s: generated tokens per "
+              "second of the first alone pass and of the batched pass (sequential passes, not interleaved).", "",
+              header, "|" + "---|" * (len(COLUMNS) + 4)]
     fingerprint = None
     for fmt in args.formats.split(","):
         dtype, weights = fmt.split(":")
@@ -75,17 +83,20 @@ def main() -> int:
                         log=lambda m: print(m, file=sys.stderr))
         decoder = build_decoder(DecoderSpec(config=spec), session)
         ids = [encode_prompt(pr, session.loaded.tokenizer) for pr in prompts]
-        t0 = time.perf_counter()
-        results = measure(session.loaded.model, ids, session.loaded.tokenizer.eos_token_ids,
-                          decoder.decode.drafter, decoder.decode.spec, cfg,  # type: ignore[attr-defined]
-                          on_progress=lambda m, f=fmt: print(f"{f} {m}", file=sys.stderr, flush=True))
-        seconds = time.perf_counter() - t0
-        for r in results:
-            lines.append(f"| {dtype} + {weights} | {r.mode} | " + " | ".join(row_cells(r)) + " |")
-            records.append({"dtype": dtype, "weights": weights, "seconds": seconds, **r.as_dict()})
+        for c in configs:
+            t0 = time.perf_counter()
+            results = measure(session.loaded.model, ids, session.loaded.tokenizer.eos_token_ids,
+                              decoder.decode.drafter, decoder.decode.spec, c,  # type: ignore[attr-defined]
+                              on_progress=lambda m, f=fmt: print(f"{f} {m}", file=sys.stderr, flush=True))
+            seconds = time.perf_counter() - t0
+            kind = " (batch-invariant)" if c.batch_invariant else ""
+            for r in results:
+                lines.append(f"| {dtype} + {weights} | {r.mode}{kind} | " + " | ".join(row_cells(r)) + " |")
+                records.append({"dtype": dtype, "weights": weights, "batch_invariant": c.batch_invariant,
+                                "seconds": seconds, **r.as_dict()})
+                print(lines[-1], file=sys.stderr)
         fingerprint = capture(threads=session.threads, dtype=dtype, device="cpu", weights=weights,
                               model_path=str(session.loaded.source), argv=sys.argv)
-        print(lines[-1], file=sys.stderr)
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)

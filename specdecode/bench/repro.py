@@ -10,14 +10,18 @@ two per batch size, fixed at start):
 - ``repeat``: greedy alone, ``repeats`` times: every run equal to the first;
 - ``seeded``: sampled alone with one seed, twice: equal;
 - ``batched``: greedy in a batch of ``batch`` slots: equal to greedy alone;
+  (``batch_invariant``: the server's ``--batch-invariant``; alone is then one request at a time in a
+  pool of ``batch`` slots, every step running all of them;)
 - ``vs_plain`` (speculative only): greedy alone equal to the plain mode's greedy alone.
 
 Counts are prompts whose outputs were identical over all their tokens; where they differ, the first
-differing position is kept.
+differing position is kept. The generated tokens per second of the first alone pass and of the batched
+pass say what a mode costs (sequential passes of one process, not an interleaved benchmark).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -35,6 +39,9 @@ class ReproConfig:
     batch: int = 4  # slots in the batched run
     temperature: float = 0.8  # the seeded runs
     seed: int = 1234
+    # the server's --batch-invariant: every step runs the pool's ``batch`` rows, and "alone" is a request
+    # alone in such a pool (what that mode promises: the same tokens whatever else is batched)
+    batch_invariant: bool = False
 
 
 @dataclass
@@ -64,17 +71,22 @@ class ModeResult:
     seeded: Agreement = field(default_factory=Agreement)
     batched: Agreement = field(default_factory=Agreement)
     vs_plain: Agreement | None = None
+    alone_tok_s: float = 0.0  # generated tokens per second of the first greedy alone pass (one request at a time)
+    batched_tok_s: float = 0.0  # of the batched pass (``batch`` requests at a time)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def _runs(model: Transformer, prompts: Sequence[Sequence[int]], options: GenerateOptions, stop: Sequence[int],
-          slots: int, drafter: Drafter | None, spec: SpecConfig | None) -> list[list[int]]:
+          slots: int, drafter: Drafter | None, spec: SpecConfig | None, invariant: bool = False,
+          one_at_a_time: bool = False) -> list[list[int]]:
     policy: SpecPolicyName = "never" if drafter is None else "always"
     slot_tokens = max(len(p) for p in prompts) + options.max_new_tokens + (spec.num_draft_tokens if spec else 0) + 1
-    return generate_all(model, prompts, options, stop, BatchConfig(slots=slots, slot_tokens=slot_tokens,
-                                                                    spec_policy=policy), drafter, spec)
+    config = BatchConfig(slots=slots, slot_tokens=slot_tokens, spec_policy=policy, batch_invariant=invariant)
+    if one_at_a_time:
+        return [generate_all(model, [p], options, stop, config, drafter, spec)[0] for p in prompts]
+    return generate_all(model, prompts, options, stop, config, drafter, spec)
 
 
 def measure(model: Transformer, prompts: Sequence[Sequence[int]], stop_token_ids: Sequence[int],
@@ -85,21 +97,34 @@ def measure(model: Transformer, prompts: Sequence[Sequence[int]], stop_token_ids
     seeded = GenerateOptions(cfg.max_new_tokens, SamplingParams(cfg.temperature, seed=cfg.seed))
     results: list[ModeResult] = []
     plain_alone: list[list[int]] | None = None
+    # alone: a pool of one slot, or (batch invariant) one request at a time in the batch's pool
+    slots = cfg.batch if cfg.batch_invariant else 1
     for mode, d, s in (("plain", None, None), ("speculative", drafter, spec)):
         if mode == "speculative" and drafter is None:
             break
         result = ModeResult(mode)
         say = on_progress or (lambda _: None)
+
+        def alone_run(options: GenerateOptions, d: Drafter | None = d,
+                      s: SpecConfig | None = s) -> list[list[int]]:
+            return _runs(model, prompts, options, stop_token_ids, slots, d, s, cfg.batch_invariant, True)
+
         say(f"{mode}: greedy alone x{cfg.repeats}")
-        alone = [_runs(model, prompts, greedy, stop_token_ids, 1, d, s) for _ in range(cfg.repeats)]
+        t0 = time.perf_counter()
+        alone = [alone_run(greedy)]
+        result.alone_tok_s = sum(map(len, alone[0])) / (time.perf_counter() - t0)
+        alone += [alone_run(greedy) for _ in range(cfg.repeats - 1)]
         for i in range(len(prompts)):
             result.repeat.add(alone[0][i], next((run[i] for run in alone[1:] if run[i] != alone[0][i]), alone[0][i]))
         say(f"{mode}: seeded alone x2")
-        first, second = (_runs(model, prompts, seeded, stop_token_ids, 1, d, s) for _ in range(2))
+        first, second = alone_run(seeded), alone_run(seeded)
         for a, b in zip(first, second, strict=True):
             result.seeded.add(a, b)
         say(f"{mode}: greedy in a batch of {cfg.batch}")
-        for a, b in zip(alone[0], _runs(model, prompts, greedy, stop_token_ids, cfg.batch, d, s), strict=True):
+        t0 = time.perf_counter()
+        batched = _runs(model, prompts, greedy, stop_token_ids, cfg.batch, d, s, cfg.batch_invariant)
+        result.batched_tok_s = sum(map(len, batched)) / (time.perf_counter() - t0)
+        for a, b in zip(alone[0], batched, strict=True):
             result.batched.add(a, b)
         if plain_alone is None:
             plain_alone = alone[0]

@@ -57,6 +57,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "or seeded request gives the same answer), or adaptive (re-decided from step times while "
                         f"serving: follows the load, but in bf16 a repeated request may change; default: "
                         f"{b.spec_policy})")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="every step runs all --max-running-requests rows, so a request's tokens do not depend on "
+                        "what else is batched, in bf16 too (without it, bf16 answers can change with the batch's "
+                        "company: README 'The same request, the same answer'); one way at every batch size: "
+                        "--spec-policy always (the default here) or never. Cost: a request alone pays for the "
+                        "full batch (measured: benchmarks/reproducibility.py)")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help="seconds a shutdown (SIGTERM) waits for running requests, with /health answering 503 meanwhile "
                         "(default: 30)")
@@ -74,8 +80,12 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                                ("--chunked-prefill-size", args.chunked_prefill_size, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
+    policy = args.spec_policy
+    if args.batch_invariant and policy == "auto":  # auto may choose per batch size: one mode for every size
+        policy = "always"
     batch = BatchConfig(slots=args.max_running_requests, slot_tokens=args.context_length,
-                        prefill_chunk=args.chunked_prefill_size, spec_policy=args.spec_policy)
+                        prefill_chunk=args.chunked_prefill_size, spec_policy=policy,
+                        batch_invariant=args.batch_invariant)
     return ServeConfig(host=args.host, port=args.port,
                        api_key=args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,

@@ -24,10 +24,11 @@ would get alone: greedy output identical (tested in float64), sampling exact per
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, cast, runtime_checkable
 
 import torch
@@ -42,7 +43,7 @@ from specdecode.core.engine import (
     Tokenizer,
 )
 from specdecode.core.kvcache import KVCache
-from specdecode.core.model import Transformer
+from specdecode.core.model import StepRunner, Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, SpecProfile
 from specdecode.core.sampling import greedy_argmax, sample
 from specdecode.core.speculative import (
@@ -78,6 +79,10 @@ class BatchConfig:
     slot_tokens: int | None = None  # prompt + new tokens per request; None: the model's context
     prefill_chunk: int = 256  # prompt tokens prefilled per step
     spec_policy: SpecPolicyName = "auto"
+    # Every step runs all the pool's rows (padding rows write a scratch slot), so a request's tokens do
+    # not depend on what else is batched, in any dtype; the policy must then be one mode for every batch
+    # size ('always' or 'never'). Measured cost: benchmarks/reproducibility.py.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -88,6 +93,9 @@ class BatchConfig:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.spec_policy not in SPEC_POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}; got {self.spec_policy!r}")
+        if self.batch_invariant and self.spec_policy not in ("always", "never"):
+            raise ValueError(f"a batch-invariant engine decodes every batch size one way: spec_policy 'always' or "
+                             f"'never', not {self.spec_policy!r} (plain and speculative steps round differently)")
 
 
 @dataclass(eq=False, kw_only=True)
@@ -231,14 +239,39 @@ class BatchEngine:
                              f"{context} tokens; use at most {context}")
         self.limit = config.slot_tokens or context
         self.margin = self.spec.num_draft_tokens if self.drafting and self.spec else 0
+        self._steps = self._fixed_steps() if config.batch_invariant else None
         self._pools: tuple[KVCache, KVCache | None] | None = None
         self.rows: list[_Row] = []
         self.decoding = 0  # rows [0, decoding) decode; the rest wait for (or are in) prefill
+
+    def _fixed_steps(self) -> StepRunner:
+        """Steps over the whole pool (``CompiledSteps.fixed_rows``): the model's compiled steps so set (their
+        graphs shared), else the same padding run eager. Installed only while this engine steps."""
+        from specdecode.core.compiled import CompiledSteps
+
+        if isinstance(self.model.steps, CompiledSteps):
+            return replace(self.model.steps, fixed_rows=True)
+        return CompiledSteps(self.model.device.type, compile=False, fixed_rows=True)
+
+    def _own_steps(self) -> contextlib.AbstractContextManager[None]:
+        """The batch-invariant engine's steps on the target and its drafter (EAGLE-3's shares the target's:
+        its drafts then do not change with the batch either; the output would not anyway, being the
+        target's choice per token at fixed shapes), for one call."""
+        from specdecode.core.compiled import use_steps
+
+        if self._steps is None:
+            return contextlib.nullcontext()
+        return use_steps((self.model, self.drafter), self._steps)
 
     def allocate(self) -> None:
         """Allocate the KV pools now (else at the first request). On CPU, call it from the thread
         that steps: filling a large tensor starts an OpenMP team in the calling thread, and a
         second team on the same cores throttles both (``runtime.session.on_passing_thread``)."""
+        if self._pools is None:
+            with self._own_steps():  # caches sized for the steps that will run on them
+                self._allocate()
+
+    def _allocate(self) -> None:
         if self._pools is None:
             tpool = self.model.new_cache(self.config.slots, self.limit)
             dpool = None
@@ -344,6 +377,10 @@ class BatchEngine:
 
     @torch.inference_mode()
     def step(self) -> StepReport:
+        with self._own_steps():
+            return self._step()
+
+    def _step(self) -> StepReport:
         report = StepReport()
         if self.decoding < len(self.rows):
             self._prefill_chunk(report)

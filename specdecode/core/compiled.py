@@ -84,6 +84,10 @@ class CompiledSteps:
     device_type: str = "cpu"
     max_tokens: int = TOKEN_BUCKETS[-1]
     on_compile: Callable[[GraphKey, float | None], None] | None = None  # (key, None) before, (key, s) after
+    compile: bool = True  # False: the same padded steps run eager (batch invariance without compiling)
+    # Batch invariance: every step of a batching pool runs all its rows (padding rows write the scratch
+    # slot), so a request's rows see the same shapes, and kernels, whatever else is in the batch.
+    fixed_rows: bool = False
     graphs: dict[GraphKey, Callable[..., Any]] = field(default_factory=dict)
     compiled: list[tuple[GraphKey, float]] = field(default_factory=list)  # (key, seconds) in order
 
@@ -126,19 +130,24 @@ class CompiledSteps:
         B, T = tokens.shape
         S = mask.shape[-1]
         pool, row0 = (cache.parent, cache.row0) if cache.parent is not None else (cache, 0)
-        Bp = max(B, min(bucket(B, ROW_BUCKETS), pool.batch_size - row0))  # padding rows are the pool's own
+        if self.fixed_rows:  # the whole pool, these rows at their own place in it
+            Bp, at = pool.batch_size, row0
+        else:
+            Bp, at = max(B, min(bucket(B, ROW_BUCKETS), pool.batch_size - row0)), 0  # padding: the pool's next rows
         Tp = bucket(T, TOKEN_BUCKETS)
         # A request's own cache is sized to a bucket (capacity()) and attended over whole: one graph per
         # cache size. A pool (continuous batching) is as long as the longest request allowed, so its
         # span follows the longest row's context in powers of two. Keys [0, Sp): never the scratch slot.
         Sp = span_bucket(S, cache.max_len) if pool.batch_size > 1 or cache.parent is not None else cache.max_len
-        view = pool.rows(row0, row0 + Bp) if Bp != B else cache
+        view = pool.rows(row0 - at, row0 - at + Bp) if Bp != B else cache
         # always fresh contiguous inputs: strides are part of what a graph was compiled for
         tokens, positions, slots, mask = _pad(tokens, positions, slots, mask.view(B, 1, T, S), Bp, Tp, Sp,
-                                              scratch=cache.max_len)
-        extra = tuple(_pad_rows(x, Bp, Tp) for x in extra)
+                                              scratch=cache.max_len, at=at)
+        extra = tuple(_pad_rows(x, Bp, Tp, at) for x in extra)
         key = GraphKey(Bp, Tp, Sp, kind, tuple(view.k[0].shape[1:]) if view.k else (), owner)
         fn = self.graphs.get(key)
+        if fn is None and not self.compile:
+            fn = self.graphs[key] = make()
         if fn is None:
             if self.on_compile is not None:
                 self.on_compile(key, None)
@@ -153,7 +162,7 @@ class CompiledSteps:
             out = fn(tokens, positions, slots, mask, view.k, view.v, *extra)
         if (Bp, Tp) == (B, T):
             return out
-        return tuple(x[:B, :T] if isinstance(x, Tensor) else [t[:B, :T] for t in x] for x in out)
+        return tuple(x[at:at + B, :T] if isinstance(x, Tensor) else [t[at:at + B, :T] for t in x] for x in out)
 
     def _compile(self, step: Callable[..., Any], key: GraphKey) -> Callable[..., Any]:
         configure_inductor(self.device_type)
@@ -210,16 +219,16 @@ def _dummy_inputs(T: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor,
     return ids, ids, ids, torch.ones(T, T, dtype=torch.bool, device=device).tril().view(1, 1, T, T)
 
 
-def _pad_rows(x: Tensor, Bp: int, Tp: int) -> Tensor:
+def _pad_rows(x: Tensor, Bp: int, Tp: int, at: int = 0) -> Tensor:
     out = x.new_zeros(Bp, Tp, *x.shape[2:])
-    out[:x.shape[0], :x.shape[1]] = x
+    out[at:at + x.shape[0], :x.shape[1]] = x
     return out
 
 
 def _pad(tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, Bp: int, Tp: int, Sp: int,
-         scratch: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """New contiguous inputs of the bucket's shape: padding tokens at position 0 write the scratch
-    slot, padding queries see key 0 only."""
+         scratch: int, at: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """New contiguous inputs of the bucket's shape, the given rows from row ``at``: padding tokens at
+    position 0 write the scratch slot, padding queries see key 0 only."""
     B, T = tokens.shape
     S = mask.shape[-1]
     dev = tokens.device
@@ -228,8 +237,8 @@ def _pad(tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, Bp: int
     s = torch.full((Bp, Tp), scratch, dtype=torch.long, device=dev)
     m = torch.zeros(Bp, 1, Tp, Sp, dtype=torch.bool, device=dev)
     m[:, :, :, 0] = True  # padding queries see key 0 only (no empty softmax)
-    t[:B, :T], p[:B, :T], s[:B, :T] = tokens, positions, slots
-    m[:B, :, :T, :S] = mask
+    t[at:at + B, :T], p[at:at + B, :T], s[at:at + B, :T] = tokens, positions, slots
+    m[at:at + B, :, :T, :S] = mask
     return t, p, s, m
 
 

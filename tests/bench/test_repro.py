@@ -51,3 +51,27 @@ def test_agreement_keeps_the_first_difference():
     a.add([1, 2, 3], [1, 9, 3])
     a.add([1, 2], [1, 2, 3])
     assert (a.identical, a.prompts, a.first_difference, str(a)) == (1, 3, [1, 2], "1/3")
+
+
+def test_batch_invariant_steps_run_the_whole_pool_and_agree_in_bf16():
+    """--batch-invariant: every target step runs all the pool's rows (whatever is batched), and in bf16
+    a request's tokens alone in the pool equal its tokens batched with others."""
+    model = tiny_model(seed=3, dtype=torch.bfloat16)
+    drafter = random_drafter(model, 60, seed=1)
+    rows_seen: list[int] = []
+    step = model.step
+
+    def recording(tokens, *args):
+        rows_seen.append(tokens.shape[0])
+        return step(tokens, *args)
+
+    model.step = recording
+    cfg = ReproConfig(max_new_tokens=12, repeats=2, batch=3, batch_invariant=True)
+    plain, spec = measure(model, PROMPTS, [], drafter, SpecConfig(2, 2, 5), cfg)
+    assert rows_seen and set(rows_seen) == {3}, sorted(set(rows_seen))
+    for agreement in (plain.repeat, plain.batched, spec.repeat, spec.batched):
+        assert agreement.identical == agreement.prompts == 5, agreement
+    assert model.steps is None  # the engine's steps were installed only while it stepped
+    rows_seen.clear()
+    measure(model, PROMPTS, [], None, None, ReproConfig(max_new_tokens=4, repeats=1, batch=3))
+    assert not rows_seen  # the default engine runs eager batches of the rows present
