@@ -117,14 +117,24 @@ def _time_kernel(layers: list[KernelLayer], kernel: str, x: Tensor, reps: int) -
 
 
 def choose_kernels(model: nn.Module, reps: int = 3,
-                   on_group: Callable[[int, int, str], None] | None = None) -> dict[str, list[str]]:
+                   on_group: Callable[[int, int, str], None] | None = None,
+                   known: dict[str, list[str]] | None = None,
+                   on_choice: Callable[[str, list[str]], None] | None = None) -> dict[str, list[str]]:
     """Time every candidate kernel of each group at each ROW_BUCKETS row count, calling it
     once per layer of the group (so the weights stream from memory as in a decode step), and
     return the fastest per group and bucket. Groups with a single candidate are left out.
-    ``on_group(done, total, key)`` hears each group as it starts (progress for a long measurement)."""
+    ``on_group(done, total, key)`` hears each group as it starts (progress for a long measurement);
+    ``on_choice(key, picked)`` each group's choice as it is made (a plan saved as it goes), and groups
+    in ``known`` (such a partial plan) are taken as they are, not measured again."""
     choices: dict[str, list[str]] = {}
-    groups = [(key, layers) for key, layers in kernel_layers(model).items()
-              if len(layers[0].kernel_candidates(1)) >= 2]
+    groups = []
+    for key, layers in kernel_layers(model).items():
+        if len(layers[0].kernel_candidates(1)) < 2:
+            continue
+        if known and key in known:
+            choices[key] = list(known[key])
+        else:
+            groups.append((key, layers))
     with torch.inference_mode():
         for done, (key, layers) in enumerate(groups):
             if on_group is not None:
@@ -141,6 +151,8 @@ def choose_kernels(model: nn.Module, reps: int = 3,
             choices[key] = picked
             for layer in layers:
                 layer.packed = None
+            if on_choice is not None:
+                on_choice(key, picked)
     return choices
 
 

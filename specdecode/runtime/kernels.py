@@ -83,13 +83,33 @@ def install_kernels(model: nn.Module, mode: str, threads: int, device: torch.dev
         left = (time.perf_counter() - t) / done * (total - done)
         log(f"kernel plan: {done}/{total} groups measured, about {left:.0f} s left (next: {group})")
 
-    choices = choose_kernels(model, on_group=progress)
+    # saved as it goes: a measurement cut short (Ctrl-C, a killed job) resumes at the next group
+    partial = path.with_suffix(".partial.json")
+    known: dict[str, list[str]] = {}
+    if partial.exists():
+        try:
+            saved = json.loads(partial.read_text())
+            known = saved["choices"] if saved.get("key") == key else {}
+        except (ValueError, KeyError, TypeError):
+            known = {}
+        if known and log:
+            log(f"kernel plan: resuming a measurement cut short ({len(known)} groups already measured)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(at: Path, choices: dict[str, list[str]], **extra: object) -> None:
+        tmp = at.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "choices": choices, **extra}, indent=1))
+        tmp.replace(at)
+
+    def keep(group: str, picked: list[str]) -> None:
+        known[group] = picked
+        save(partial, known)
+
+    choices = choose_kernels(model, on_group=progress, known=dict(known), on_choice=keep)
     seconds = time.perf_counter() - t
     apply_kernels(model, choices)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "choices": choices, "seconds": round(seconds, 2)}, indent=1))
-    tmp.replace(path)
+    save(path, choices, seconds=round(seconds, 2))
+    partial.unlink(missing_ok=True)
     if log:
         log(f"kernels measured in {seconds:.1f} s, cached in {path}")
     return KernelPlan(mode, "measured", choices, seconds)
