@@ -42,3 +42,13 @@ def test_a_drafter_dir_without_a_drafter_and_bad_sampling_are_refused_before_loa
         hot = build_parser().parse_args([command, "--temperature", "-1", *prompt])
         with pytest.raises(ValueError, match="temperature must be >= 0"):
             decoder_spec(hot)
+
+
+def test_batch_invariant_decodes_one_way_at_every_batch_size():
+    parse = build_parser().parse_args
+    batch = serve_config(parse(["serve", "--batch-invariant"])).batch
+    assert batch.batch_invariant and batch.spec_policy == "never"  # auto would switch with the batch size
+    assert serve_config(parse(["serve", "--batch-invariant", "--spec-policy", "always"])).batch.spec_policy == "always"
+    assert not serve_config(parse(["serve"])).batch.batch_invariant
+    with pytest.raises(ValueError, match="batch-invariant engine decodes every batch size one way.*'adaptive'"):
+        serve_config(parse(["serve", "--batch-invariant", "--spec-policy", "adaptive"]))
