@@ -57,6 +57,9 @@ class FormatsConfig:
     ks: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
     context: int = 200  # cached tokens before the timed forward
     repeats: int = 7
+    # llama.cpp's cost curve beside ours: llama-bench (a path, or "auto": found as llama-server is) on the
+    # GGUF as it is, a batch of k prompt tokens after ``context`` cached ones; None: not measured
+    llama_bench: str | None = None
 
 
 def forward_ms(model: Transformer, k: int, context: int, repeats: int) -> float:
@@ -79,6 +82,20 @@ def forward_ms(model: Transformer, k: int, context: int, repeats: int) -> float:
             model(tokens, positions, cache, logits_at=logits_at)
             times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times[1:])
+
+
+def llama_bench_ms(binary: str, gguf: str, k: int, context: int, threads: int, repeats: int) -> float:
+    """Median ms of one llama.cpp forward over k tokens after ``context`` cached ones (llama-bench
+    ``-p k -n 0 -d context``: a batch of k, as its verify of k tokens; k = 1 its decode step)."""
+    import json
+    import subprocess
+
+    cmd = [binary, "-m", gguf, "-p", str(k), "-n", "0", "-d", str(context), "-t", str(threads), "-r", str(repeats),
+           "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-1000:]}")
+    return float(statistics.median(json.loads(done.stdout)[0]["samples_ns"])) / 1e6
 
 
 def passage_ids(prompts: list[Prompt], tokenizer, max_tokens: int) -> list[list[int]]:
@@ -121,10 +138,25 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
                                             kernels=kernels)))
     rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "kernels": s.kernels.summary(), "forward_ms": {}}
                         for n, (d, w, _), s in zip(names, triples, sessions, strict=True)]
+    llama: dict | None = None
+    if config.llama_bench:
+        from specdecode.io.llamacpp import find_llama_tool
+
+        gguf = sessions[0].loaded.source
+        if gguf.suffix.lower() != ".gguf":
+            raise ValueError(f"llama-bench runs a GGUF; the model is {gguf}")
+        binary = find_llama_tool("llama-bench", None if config.llama_bench == "auto" else config.llama_bench)
+        llama = {"format": "llama.cpp (llama-bench)", "binary": binary, "model": str(gguf), "forward_ms": {}}
     for k in config.ks:  # interleaved: every format at this k before the next k
         say(f"timing k={k}")
         for row, s in zip(rows, sessions, strict=True):
             row["forward_ms"][k] = forward_ms(s.loaded.model, k, config.context, config.repeats)
+        if llama is not None:
+            llama["forward_ms"][k] = llama_bench_ms(llama["binary"], llama["model"], k, config.context,
+                                                    sessions[0].threads, config.repeats)
+    if llama is not None:
+        one = llama["forward_ms"].get(1)
+        llama["verify_cost"] = {k: ms / one for k, ms in llama["forward_ms"].items()} if one else {}
     for row in rows:
         one = row["forward_ms"].get(1)
         row["verify_cost"] = {k: ms / one for k, ms in row["forward_ms"].items()} if one else {}
@@ -152,4 +184,4 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
         row |= {"greedy_identical": len(out) - len(firsts), "greedy_prompts": len(out),
                 "mean_first_divergence": statistics.fmean(firsts) if firsts else None}
     return {"formats": names, "reference": names[0], "threads": sessions[0].threads, "context": config.context,
-            "max_new_tokens": config.max_new_tokens, "rows": rows}
+            "max_new_tokens": config.max_new_tokens, "rows": rows, "llama_cpp": llama}

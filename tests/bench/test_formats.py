@@ -1,6 +1,7 @@
 """`specdecode formats`: the format grammar, and one small run on the real model."""
 
 import json
+import sys
 
 import pytest
 
@@ -23,10 +24,15 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
     passages.write_text('{"text": "The mitochondria is the powerhouse of the cell. It makes ATP from glucose."}\n'
                         '{"text": "Paris is the capital of France, and Berlin is the capital of Germany."}\n')
     out = tmp_path / "formats.json"
+    bench = tmp_path / "llama-bench"  # a stand-in: a batch of k tokens "costs" (k + 1) ms, the arguments kept
+    bench.write_text(f"#!{sys.executable}\nimport json, sys\na = sys.argv[1:]\n"
+                     f"open({str(tmp_path / 'args.txt')!r}, 'a').write(' '.join(a) + '\\n')\n"
+                     "k = int(a[a.index('-p') + 1])\nprint(json.dumps([{'samples_ns': [(k + 1) * 1e6] * 2}]))\n")
+    bench.chmod(0o755)
     run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8,bfloat16:native:static", "--ks", "1,3",
                    "--repeats", "1",
                    "--num-prompts", "2", "--max-new-tokens", "6", "--passages", str(passages), "--threads", "2",
-                   "--out", str(out))
+                   "--llama-bench", str(bench), "--out", str(out))
     result = json.loads(out.read_text())
     assert result["formats"] == ["bfloat16:native", "bfloat16:int8", "bfloat16:native:static"]
     assert result["reference"] == "bfloat16:native"
@@ -40,6 +46,10 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
     for row in result["rows"]:
         assert set(row["forward_ms"]) == {"1", "3"} and row["verify_cost"]["1"] == 1.0
     assert result["fingerprint"]["threads"] == 2
+    llama = result["llama_cpp"]  # llama.cpp's curve beside ours: the same GGUF, depth and threads
+    assert llama["forward_ms"] == {"1": 2.0, "3": 4.0} and llama["verify_cost"]["3"] == 2.0
+    calls = (tmp_path / "args.txt").read_text().splitlines()
+    assert len(calls) == 2 and all("-d 200 -t 2" in c and c.startswith("-m ") and ".gguf" in c for c in calls)
 
 
 def test_weights_flag_is_refused_with_the_choices():

@@ -63,3 +63,17 @@ def test_bad_parameters_and_a_failing_server_are_clear_errors(server, tmp_path):
         build_llamaserver("llamaserver:spec=eagle3,n_max=0", {"spec": "eagle3", "n_max": "0"}, gguf, 2, None, [2])
     with pytest.raises(ValueError, match="exited .* while starting:\n.*failed to load model"):
         LlamaServerMethod("llamaserver", gguf, 2, [2], server=str(server), extra=["--fail"])
+
+
+def test_llama_tools_are_found_beside_the_named_server(tmp_path, monkeypatch):
+    from specdecode.io.llamacpp import LLAMA_SERVER_ENV, find_llama_server, find_llama_tool
+
+    for name in ("llama-server", "llama-bench"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv(LLAMA_SERVER_ENV, str(tmp_path / "llama-server"))
+    assert find_llama_server() == str(tmp_path / "llama-server")
+    assert find_llama_tool("llama-bench") == str(tmp_path / "llama-bench")  # one build: its bench beside it
+    monkeypatch.setenv(LLAMA_SERVER_ENV, str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="no executable llama-server there.*specdecode\\[llamacpp\\]"):
+        find_llama_server()
