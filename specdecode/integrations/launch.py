@@ -74,7 +74,8 @@ def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: 
     the target GGUF, ``drafter_dir`` the drafter's GGUF, ``threads`` and ``parallel`` its -t and -np)."""
     if engine == "llamacpp":
         check_llamacpp_shape(tp, topk, drafter_dir is not None)
-        cmd = [server or "llama-server", "-m", model_dir, "--host", host, "--port", str(port)]
+        # --metrics: its speculative counters at /metrics, which `bench --endpoint` reads
+        cmd = [server or "llama-server", "-m", model_dir, "--host", host, "--port", str(port), "--metrics"]
         cmd += ["-t", str(threads)] if threads else []
         cmd += ["-np", str(parallel)] if parallel else []
         if drafter_dir:

@@ -541,3 +541,26 @@ def test_bench_endpoint_cli_names_the_cause_and_the_token_source(stub, tmp_path,
     out, err = capsys.readouterr()
     assert "remote:smollm2-135m-" in out and LLAMA_CPP_MODEL not in out  # shortened in the table
     assert "chunks" in out and "ignores stream_options.include_usage" in err
+
+
+def test_llama_server_counters_give_its_accept_length():
+    """llama-server --metrics (b11434) writes vLLM's counter names under its own prefix, positions from 0."""
+    from specdecode.bench.remote.metrics import _counter_snapshot
+
+    def page(drafts, drafted, accepted, per_pos):
+        lines = ["# HELP llamacpp:spec_decode_num_drafts_total Speculative: verification steps",
+                 "# TYPE llamacpp:spec_decode_num_drafts_total counter",
+                 f"llamacpp:spec_decode_num_drafts_total {drafts}",
+                 f"llamacpp:spec_decode_num_draft_tokens_total {drafted}",
+                 f"llamacpp:spec_decode_num_accepted_tokens_total {accepted}",
+                 "llamacpp:n_decode_total 120"]
+        lines += [f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {v}'
+                  for i, v in enumerate(per_pos)]
+        return parse_prometheus("\n".join(lines) + "\n")
+
+    before = _counter_snapshot(page(10, 20, 8, [6, 2]))
+    after = _counter_snapshot(page(50, 100, 48, [36, 12]))
+    assert before is not None and after is not None and after["source"] == "llamacpp"
+    d = spec_delta(before, after)
+    assert d["cycles"] == 40 and d["accept_length"] == 2.0 and d["accept_rate"] == 0.5
+    assert d["per_position"] == [0.75, 0.25]

@@ -1,5 +1,5 @@
-"""The server's own speculative-decoding metrics, snapshotted before and after a run: our and
-vLLM's Prometheus counters at ``/metrics``, SGLang's ``avg_spec_accept_length`` gauge at
+"""The server's own speculative-decoding metrics, snapshotted before and after a run: our, vLLM's
+and llama-server's Prometheus counters at ``/metrics``, SGLang's ``avg_spec_accept_length`` gauge at
 ``/get_server_info``; ``spec_delta`` turns two snapshots into the run's figures (see the
 package doc for the sources and keys)."""
 
@@ -37,6 +37,12 @@ COUNTER_SOURCES: dict[str, dict[str, Any]] = {
         "cycles": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
         "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
         "per_position": "vllm:spec_decode_num_accepted_tokens_per_pos", "first_position": 0,
+    },
+    # llama-server (b11434; started with --metrics, as `launch llamacpp` does): vLLM's names, its prefix
+    "llamacpp": {
+        "cycles": "llamacpp:spec_decode_num_drafts", "draft_tokens": "llamacpp:spec_decode_num_draft_tokens",
+        "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens",
+        "per_position": "llamacpp:spec_decode_num_accepted_tokens_per_pos", "first_position": 0,
     },
 }
 
