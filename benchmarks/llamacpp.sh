@@ -25,3 +25,22 @@ if [ -n "${LLAMA_CPP_DIR:-}" ]; then
 fi
 .venv/bin/specdecode bench --methods "$methods" --prompts ../shared/data/spec_bench_questions.jsonl --per-category 1 \
     --max-new-tokens 128 --threads 2 --out "$OUT/bench-spec-bench.json" | tee "$OUT/bench-spec-bench.txt"
+
+# Concurrency 1 / 4 / 8 over HTTP (chat API, the same prompts and client; one server at a time, 8 slots
+# each): llama-server plain and with EAGLE-3 (n-max 1), and our serve (eager steps: --compile off).
+concurrency() {  # PORT NAME: bench --endpoint at 1, 4, 8 concurrent clients
+    for c in 1 4 8; do
+        .venv/bin/specdecode bench --endpoint "http://127.0.0.1:$1" --concurrency "$c" --api chat \
+            --prompts ../shared/data/spec_bench_questions.jsonl --per-category 1 --max-new-tokens 128 \
+            --out "$OUT/concurrency-$2-c$c.json" | tee "$OUT/concurrency-$2-$c.txt"
+    done
+}
+wait_up() { for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$1/health" >/dev/null && return; sleep 1; done; exit 1; }
+for spec in plain eagle3-n1; do
+    flags=(--no-spec); [ "$spec" = plain ] || flags=(--num-steps 1 --topk 1)
+    .venv/bin/specdecode launch llamacpp "${flags[@]}" --parallel 8 --threads 2 --port 8200 \
+        --engine-args "-c 16384 --no-webui" & pid=$!
+    wait_up 8200; concurrency 8200 "llama-server-$spec"; kill "$pid"; wait "$pid" || true
+done
+.venv/bin/specdecode serve --port 8201 --compile off --threads 2 --max-running-requests 8 & pid=$!
+wait_up 8201; concurrency 8201 specdecode-serve; kill "$pid"; wait "$pid" || true
