@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Protocol, cast
 
 import torch
@@ -54,7 +55,17 @@ def bucket_of(rows: int) -> int:
 
 
 def onednn_usable(dtype: torch.dtype, device: torch.device) -> bool:
-    return device.type == "cpu" and dtype in _ONEDNN_DTYPES and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+    """Whether oneDNN's packed linear runs ``dtype`` here. Its bf16 path needs AVX-512 (bw, vl, dq)
+    or avx_ne_convert: on an AVX2-only CPU (an AMD EPYC Zen 3 seen here) packing a bf16 weight
+    raises, so bf16 offers no oneDNN candidate there (aten's bf16 matmul still runs)."""
+    if device.type != "cpu" or dtype not in _ONEDNN_DTYPES or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
+    return dtype != torch.bfloat16 or _onednn_bf16()
+
+
+@cache
+def _onednn_bf16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def onednn_pack(weight: Tensor) -> Tensor:
