@@ -8,12 +8,19 @@ import json
 from typing import Any
 
 from specdecode.training.features import FeatureProgress
-from specdecode.training.trainer import EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
+from specdecode.training.trainer import SELECT_MODES, EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
 
 INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
-              "eval_every", "save_every", "eval_samples")
+              "eval_every", "save_every", "eval_samples", "patience")
 FLOAT_FIELDS = ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
-                "fc_lr_scale", "feature_noise")
+                "fc_lr_scale", "feature_noise", "min_delta")
+
+FIELD_HELP = {
+    "patience": "stop once this many held-out evaluations in a row have not raised the best accept length by "
+                "--min-delta (0, the default: run every epoch; --epochs is then the most the schedule allows)",
+    "min_delta": "the gain in held-out accept length that counts for --patience (default: 0.01)",
+    "epochs": "passes over the training samples; the learning-rate schedule spans them",
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,9 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output drafter directory (checkpoint inside; resumes if present)")
     p.add_argument("--model", default=None, help="target model (default: the SmolLM2 GGUF)")
     for name in INT_FIELDS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name), help=FIELD_HELP.get(name))
     for name in FLOAT_FIELDS:
-        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name), help=FIELD_HELP.get(name))
+    p.add_argument("--select", default=d.select, choices=SELECT_MODES,
+                   help="the weights written to OUT: the held-out evaluation with the highest simulated accept "
+                        "length (best, kept in OUT/best as the run goes) or the last step (default: best)")
     p.add_argument("--target-dtype", default=d.target_dtype, help="dtype of the frozen target (bfloat16 | float32)")
     p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
     p.add_argument("--random-init", action="store_true", help="do not warm-start from the target's last layer")
@@ -75,7 +85,10 @@ class TrainDisplay:
         elif isinstance(ev, EvalDone):
             self.progress.console.print(f"step {ev.step}: held-out accept length (chain of {self.cfg.ttt_steps}) "
                                         f"{ev.result.accept_length:.2f}; step acc "
-                                        + " ".join(f"{a:.2f}" for a in ev.result.step_acc))
+                                        + " ".join(f"{a:.2f}" for a in ev.result.step_acc)
+                                        + (f"; best {ev.best_accept_length:.2f} at step {ev.best_step}"
+                                           if ev.best_step is not None else "")
+                                        + ("; stopping: the held-out curve is flat" if ev.stopping else ""))
 
     def _start_bar(self, total: int, completed: int) -> None:
         from rich.progress import (

@@ -317,3 +317,44 @@ def test_train_report_measures_the_draft_vocab_share_of_heldout_tokens(tmp_path)
     save_file({"d2t": torch.tensor([1, 2, 6])}, str(run / "model.safetensors"))
     assert heldout_coverage(run, str(tmp_path / "data")) == 2 / 4  # held-out answer 1 2 3 7: 1 and 3 inside
     assert heldout_coverage(run, None) is None
+
+
+def test_best_and_patience_follow_the_heldout_curve():
+    """``_track_best``: the best evaluation is kept (any gain), ``patience`` counts evaluations
+    without a gain of ``min_delta``, and the run stops at the count."""
+    from specdecode.training.trainer import TrainConfig, _track_best
+
+    cfg = TrainConfig(data="d", out="o", patience=3, min_delta=0.01)
+    state = {"step": 0, "epoch": 0}
+    saved, stale = [], []
+    for step, al in enumerate([1.20, 1.30, 1.305, 1.29, 1.31], start=1):
+        state["step"] = step
+        _track_best(state, al, cfg, lambda: saved.append(state["step"]))
+        stale.append(state["stale"])
+        assert ("stopped_early" in state) == (step == 5)
+    assert saved == [1, 2, 3, 5] and stale == [0, 0, 1, 2, 3]
+    assert state["best"] == {"step": 5, "epoch": 0, "accept_length": 1.31} and state["stopped_early"] == 5
+    with pytest.raises(ValueError, match="select"):
+        TrainConfig(data="d", out="o", select="final")
+
+
+def test_train_stops_on_a_flat_curve_and_writes_the_best(tiny_setup):
+    model_dir, data, tmp = tiny_setup
+    out = tmp / "drafter"
+    cmd = train_cmd(model_dir, data, out, "--max-steps", "30", "--save-every", "5", "--patience", "1",
+                    "--min-delta", "10")  # no evaluation gains 10: stop at the second one
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 10 and summary["stopped_early"] and "stopping" in proc.stderr
+    evals = json.loads((out / "checkpoint" / "trainer_state.json").read_text())["evals"]
+    best = max(evals, key=lambda e: e["accept_length"])
+    assert summary["best"]["step"] == best["step"] == summary["selected_step"]
+    written = load_file(str(out / "model.safetensors"))
+    kept = load_file(str(out / "best" / "model.safetensors"))
+    assert all(torch.equal(written[k], kept[k]) for k in written)
+    assert json.loads((out / "config.json").read_text())["specdecode_training"]["steps"] == best["step"]
+    # run again: the stop is part of the checkpoint, nothing more is trained
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["steps"] == 10
