@@ -42,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-dtype", default=d.target_dtype, help="dtype of the frozen target (bfloat16 | float32)")
     p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
     p.add_argument("--random-init", action="store_true", help="do not warm-start from the target's last layer")
+    p.add_argument("--init-from", default=None, metavar="DRAFTER",
+                   help="start from this trained EAGLE-3 drafter (its weights and draft vocabulary; "
+                        "--draft-vocab-size must match it) instead of the target's last layer; the optimizer and "
+                        "learning-rate schedule start afresh")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--feature-cache", default=None, metavar="DIR",
                    help="compute the target's features once into DIR (about 4.6 KB per token in bf16) and read them "

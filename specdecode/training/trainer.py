@@ -23,7 +23,7 @@ from torch import Tensor
 
 from specdecode.core.drafter import Eagle3Drafter, random_drafter
 from specdecode.core.model import DecoderLayer, Transformer
-from specdecode.io.checkpoints import save_drafter
+from specdecode.io.checkpoints import load_drafter, save_drafter
 from specdecode.io.hf import load_hf_dir
 from specdecode.io.loading import parse_dtype, resolve_model_dir
 from specdecode.runtime.device import resolve_device
@@ -68,6 +68,9 @@ class TrainConfig:
     target_dtype: str = "bfloat16"
     autocast: bool = True
     init_from_target: bool = True  # start the draft layer from the target's last layer
+    # Start from a trained drafter instead (its weights and draft vocabulary): more data for a shipped
+    # drafter without repeating its steps. The optimizer and the schedule start afresh.
+    init_from: str | None = None
     fc_lr_scale: float = 0.1  # fc multiplies the target's massive activations (|x| ~ 1e4 on the first token)
     device: str = "cpu"  # cpu | cuda | cuda:N | auto: where the target and the drafter run
     feature_cache: str | None = None  # a directory: the target's features computed once, read every epoch
@@ -210,6 +213,23 @@ def build_drafter(target: Transformer, d2t: Tensor, t2d: Tensor, cfg: TrainConfi
     return drafter.train()
 
 
+def warm_drafter(path: str, target: Transformer, cfg: TrainConfig) -> Eagle3Drafter:
+    """A trained drafter (``--init-from``) as the starting point, fp32 master weights; refused,
+    with the fix, where it cannot continue this run (another draft vocabulary size or other taps)."""
+    drafter = load_drafter(path, target, dtype=torch.float64 if target.dtype == torch.float64 else torch.float32)
+    if drafter.config.draft_vocab_size != cfg.draft_vocab_size:
+        raise ValueError(f"--init-from {path}: its draft vocabulary has {drafter.config.draft_vocab_size} tokens, "
+                         f"this run asks {cfg.draft_vocab_size}; pass --draft-vocab-size "
+                         f"{drafter.config.draft_vocab_size}")
+    taps = tuple(drafter.config.aux_layer_ids)
+    if taps != tuple(target.config.eagle3_aux_layer_ids):
+        raise ValueError(f"--init-from {path}: it reads the target's layers {list(taps)}, the trainer feeds "
+                         f"{list(target.config.eagle3_aux_layer_ids)}; train from scratch (drop --init-from)")
+    drafter.requires_grad_(True)
+    drafter.d2t.requires_grad_(False)
+    return drafter.train()
+
+
 def _optimizer(drafter: Eagle3Drafter, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
     """AdamW over the trainable parameters, ``fc`` at ``fc_lr_scale`` times the rate."""
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -274,9 +294,14 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
 
     # with limit_samples, the vocab from the samples actually used
     counts = sample_token_counts(ds, rows, vocab, tokens_mm) if cfg.limit_samples else token_counts(ds, vocab)
-    d2t, t2d, coverage = draft_vocab(counts, min(cfg.draft_vocab_size, vocab))
+    if cfg.init_from:
+        drafter = warm_drafter(cfg.init_from, target, cfg)
+        d2t, t2d = drafter.d2t.cpu(), drafter.t2d.cpu()
+        coverage = float(counts[t2d.numpy()].sum() / max(counts.sum(), 1))
+    else:
+        d2t, t2d, coverage = draft_vocab(counts, min(cfg.draft_vocab_size, vocab))
+        drafter = build_drafter(target, d2t, t2d, cfg)
     t2d, t2d_index = t2d.to(device), draft_index(t2d).to(device)
-    drafter = build_drafter(target, d2t, t2d, cfg)
     opt, params = _optimizer(drafter, cfg)
     if cfg.feature_cache:
         store = build_features(cfg.feature_cache, ds, target, aux, cfg.max_len, str(model_dir), on_progress=report)

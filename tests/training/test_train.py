@@ -358,3 +358,21 @@ def test_train_stops_on_a_flat_curve_and_writes_the_best(tiny_setup):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["steps"] == 10
+
+
+def test_init_from_a_trained_drafter_continues_from_its_weights(tiny_setup):
+    model_dir, data, tmp = tiny_setup
+    first = tmp / "first"
+    proc = subprocess.run(train_cmd(model_dir, data, first, "--max-steps", "4"), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    # learning rate 0: the continued run must write exactly the weights it started from
+    cont = tmp / "continued"
+    proc = subprocess.run(train_cmd(model_dir, data, cont, "--max-steps", "2", "--lr", "0", "--select", "last",
+                                    "--init-from", str(first)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    a, b = load_file(str(first / "model.safetensors")), load_file(str(cont / "model.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--max-steps", "2", "--init-from", str(first),
+                                    "--draft-vocab-size", "32"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "pass --draft-vocab-size 64" in proc.stderr
