@@ -52,20 +52,19 @@ class KVCache:
     def keep(self, start: int, slots: Tensor) -> None:
         """Move cache slots ``slots`` (absolute, ascending) to ``start, start+1, ...``
         and set the length to ``start + len(slots)``. Everything after is discarded."""
-        n = slots.numel()
-        if n and not torch.equal(slots, torch.arange(start, start + n, device=slots.device)):
-            for k, v in zip(self.k, self.v, strict=True):
-                k[:, :, start:start + n] = k[:, :, slots]
-                v[:, :, start:start + n] = v[:, :, slots]
-        self.length = start + n
+        self._move(slice(None), start, slots)
+        self.length = start + slots.numel()
 
     def keep_row(self, row: int, start: int, slots: Tensor) -> None:
         """``keep`` for one row of a pool (its length is the caller's, as rows' lengths are):
         slots ``slots`` of that row moved to ``start, start+1, ...``."""
+        self._move(row, start, slots)
+
+    def _move(self, rows: int | slice, start: int, slots: Tensor) -> None:
         n = slots.numel()
-        for k, v in zip(self.k, self.v, strict=True):
-            k[row, :, start:start + n] = k[row, :, slots]
-            v[row, :, start:start + n] = v[row, :, slots]
+        if n and not torch.equal(slots, torch.arange(start, start + n, device=slots.device)):
+            for t in (*self.k, *self.v):
+                t[rows, :, start:start + n] = t[rows, :, slots]
 
     def copy_row(self, src: int, dst: int, used: int) -> None:
         """Row ``src``'s first ``used`` slots into row ``dst``."""
