@@ -54,7 +54,10 @@ def test_baseline_from_refuses_a_different_environment(tmp_path, store):
     assert result["summary"][1]["speedup"] > 0 and result["fingerprint"]["baseline_from"]["warnings"]
     same = specdecode("bench", "--methods", "eagle3:steps=1", "--drafter", "random", *SMALL, "--store", store,
                       "--threads", "1", "--baseline-from", result["fingerprint"]["baseline_from"]["run"])
-    assert "WARNING" not in same.stderr
+    # the same environment: at most the machine's load differs (it is measured, not set; another job on
+    # the cores moved it by 0.7 once and the warning rightly said so)
+    differences = [line for line in same.stderr.splitlines() if " -> " in line]
+    assert same.returncode == 0 and all("load average" in line for line in differences), same.stderr
 
 
 def test_launch_profile_is_applied_before_start_and_recorded(tmp_path, store):

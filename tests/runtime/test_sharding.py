@@ -89,7 +89,9 @@ def test_generate_tp2_equals_tp1_with_and_without_speculation():
         outputs["2", "--profile"]
     default = json.loads(specdecode("generate", "hi", "--json", "--max-new-tokens", "2", "--tp", "2",
                                     "--no-spec").stdout.strip().splitlines()[-1])
-    assert default["weights"] == "native" and "tensor parallelism" in default["format_reason"]  # no 4-bit TP path
+    # no 4-bit TP path; a CPU without bf16 computes fp32, where 4-bit is not offered either
+    reason = default["format_reason"]
+    assert default["weights"] == "native" and ("tensor parallelism" in reason or "no fast bf16" in reason), reason
     bad = specdecode("generate", "hi", "--tp", "4", check=False)
     assert bad.returncode != 0 and "3 KV heads" in bad.stderr
 
