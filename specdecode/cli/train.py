@@ -39,8 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--select", default=d.select, choices=SELECT_MODES,
                    help="the weights written to OUT: the held-out evaluation with the highest simulated accept "
                         "length (best, kept in OUT/best as the run goes) or the last step (default: best)")
-    p.add_argument("--target-dtype", default=d.target_dtype, help="dtype of the frozen target (bfloat16 | float32)")
-    p.add_argument("--no-autocast", action="store_true", help="train the draft in fp32 (slower)")
+    p.add_argument("--target-dtype", default=d.target_dtype,
+                   help="dtype of the frozen target: auto (bfloat16 where the device computes bf16 natively, else "
+                        "float32: bf16 on a CPU without it was 6x slower), bfloat16 or float32. Default: auto")
+    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
+                   help="the draft's matmuls in bf16 (fp32 master weights); default: where the device computes bf16 "
+                        "natively (emulated, it was 25x slower than fp32)")
     p.add_argument("--random-init", action="store_true", help="do not warm-start from the target's last layer")
     p.add_argument("--init-from", default=None, metavar="DRAFTER",
                    help="start from this trained EAGLE-3 drafter (its weights and draft vocabulary; "
@@ -57,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}
-    return TrainConfig(**fields | {"autocast": not args.no_autocast, "init_from_target": not args.random_init})
+    return TrainConfig(**fields | {"init_from_target": not args.random_init})
 
 
 class TrainDisplay:
@@ -75,6 +79,8 @@ class TrainDisplay:
         if isinstance(ev, TrainStarted):
             if ev.resumed_from:
                 self.console.print(f"resumed from {ev.resumed_from} at step {ev.step}")
+            if ev.precision:
+                self.console.print(f"precision: {ev.precision}")
             self.console.print(f"{ev.samples} training samples, {ev.heldout} held out; draft vocab "
                                f"{ev.draft_vocab_size} covers {100 * ev.coverage:.1f}% of assistant tokens; "
                                f"{ev.total_steps} steps ({ev.steps_per_epoch}/epoch)")

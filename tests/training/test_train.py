@@ -376,3 +376,20 @@ def test_init_from_a_trained_drafter_continues_from_its_weights(tiny_setup):
     proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--max-steps", "2", "--init-from", str(first),
                                     "--draft-vocab-size", "32"), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "pass --draft-vocab-size 64" in proc.stderr
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_training_precision_follows_the_device(monkeypatch, fast):
+    """bf16 (target and autocast) only where the device computes it natively: emulated on an
+    AVX2-only CPU it made a training step 10x slower than fp32."""
+    import specdecode.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "fast_bf16", lambda device: (fast, "the CPU says so"))
+    cfg, why = trainer.resolve_precision(trainer.TrainConfig(data="d", out="o"), torch.device("cpu"))
+    assert (cfg.target_dtype, cfg.autocast) == (("bfloat16", True) if fast else ("float32", False))
+    assert "the CPU says so" in why
+    asked = trainer.TrainConfig(data="d", out="o", target_dtype="float32", autocast=True)
+    cfg, why = trainer.resolve_precision(asked, torch.device("cpu"))
+    assert (cfg.target_dtype, cfg.autocast) == ("float32", True) and why == "target float32, draft bf16 autocast"
+    with pytest.raises(ValueError, match="unknown dtype"):
+        trainer.resolve_precision(trainer.TrainConfig(data="d", out="o", target_dtype="fp8"), torch.device("cpu"))
