@@ -21,9 +21,10 @@ from specdecode.runtime.weights import WEIGHT_FORMATS
 _DEFAULT_SPEC = SpecConfig()
 
 
-AUTO_FORMAT_HELP = ("auto: bfloat16 where the CPU (avx512_bf16/amx_bf16/bf16 flag) or GPU has fast bf16, else "
-                    "float32; with bf16 on a CPU, a GGUF's own 4-bit blocks (q4), else native weights; tensor "
-                    "parallelism keeps native weights (runtime/autoformat.py)")
+AUTO_FORMAT_HELP = ("auto: on a CPU, a GGUF's own 4-bit blocks (q4) with bfloat16 activations (bf16 instructions or "
+                    "not: decoding is bound by the weights' bytes); else bfloat16 where the CPU "
+                    "(avx512_bf16/amx_bf16/bf16 flag) or GPU has fast bf16, float32 otherwise, native weights; "
+                    "tensor parallelism keeps native weights (runtime/autoformat.py)")
 
 
 def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtype_note: str = "") -> None:
