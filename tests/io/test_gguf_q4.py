@@ -46,3 +46,69 @@ def test_q4_needs_a_gguf(tmp_path):
     save_tiny_hf(tmp_path)
     with pytest.raises(ValueError, match=r"not a GGUF file \(use --weights int8\)"):
         start(RuntimeConfig(model=str(tmp_path), weights="q4"))
+
+
+def test_a_gguf_is_parsed_once_per_process_until_it_changes(tmp_path):
+    """open_gguf keeps the parsed reader (a start asks for the header up to three times; gguf's
+    parse of SmolLM2's vocabulary takes seconds); a rewritten file is parsed again."""
+    import os
+
+    import gguf
+
+    from specdecode.io.gguf import open_gguf
+
+    def write(path, value):
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_uint32("test.value", value)
+        w.add_tensor("blk.0.x.weight", np.zeros((2, 32), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    path = tmp_path / "t.gguf"
+    write(path, 1)
+    first = open_gguf(path)
+    assert open_gguf(path) is first and first.fields["test.value"].contents() == 1
+    write(path, 2)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a clock that did not tick
+    again = open_gguf(path)
+    assert again is not first and again.fields["test.value"].contents() == 2
+
+
+def test_the_tensor_index_is_kept_on_disk_and_follows_the_file(tmp_path, monkeypatch):
+    """gguf_index parses a GGUF once and keeps its scalars and tensor table in the cache: a later
+    start reads the index without gguf's reader, and its tensor bytes are the reader's."""
+    import gguf
+
+    import specdecode.io.gguf as io_gguf
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+
+    def write(rows):
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_uint32("llama.attention.head_count", 4)
+        w.add_token_list(["a", "b"])  # an array: not in the index
+        w.add_tensor("blk.0.attn_q.weight", np.arange(rows * 32, dtype=np.float32).reshape(rows, 32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    write(2)
+    first = io_gguf.gguf_index(path)
+    assert first.field("llama.attention.head_count") == 4 and "tokenizer.ggml.tokens" not in first.fields
+    t = first.tensors["blk.0.attn_q.weight"]
+    assert (t.kind, t.shape) == ("F32", (32, 2))
+    np.testing.assert_array_equal(first.raw(t.name).view(np.float32), np.arange(64, dtype=np.float32))
+
+    def no_parse(_path):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(io_gguf, "open_gguf", no_parse)
+    assert io_gguf.gguf_index(path) == first  # from the index file
+    write(3)  # another size: another fingerprint
+    with pytest.raises(AssertionError, match="parsed again"):
+        io_gguf.gguf_index(path)
