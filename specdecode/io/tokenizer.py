@@ -46,13 +46,22 @@ class Tokenizer:
         return self.encode(self.chat_prompt(messages))
 
 
+# tokenizer_config.json classes that are transformers' generic fast tokenizer over tokenizer.json (what
+# io.gguf's conversion writes): loaded as that class directly. AutoTokenizer resolves the model's
+# config first, 4.8 s against 0.4 s for the same tokenizer on a 2-core EPYC, a third of a start.
+GENERIC_FAST = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
 def load_tokenizer(model_dir: Path) -> Tokenizer:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if not (model_dir / "tokenizer.json").exists() and not (model_dir / "tokenizer_config.json").exists():
         raise ModelLoadError(f"{model_dir}: no tokenizer.json / tokenizer_config.json found")
     try:
-        hf = AutoTokenizer.from_pretrained(str(model_dir))
+        if (model_dir / "tokenizer.json").exists() and _tokenizer_class(model_dir) in GENERIC_FAST:
+            hf = PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        else:
+            hf = AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as e:  # transformers raises many types for broken tokenizer files
         raise ModelLoadError(f"{model_dir}: cannot load tokenizer ({type(e).__name__}: {e})") from e
     eos: set[int] = set()
@@ -66,3 +75,11 @@ def load_tokenizer(model_dir: Path) -> Tokenizer:
     # transformers types these calls' results as unions over all their arguments; with the
     # arguments the wrapper passes they are the list/str that HFTokenizer states.
     return Tokenizer(cast(HFTokenizer, hf), tuple(sorted(eos)))
+
+
+def _tokenizer_class(model_dir: Path) -> str | None:
+    try:
+        value = json.loads((model_dir / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return None  # AutoTokenizer reads it again and names what is wrong
+    return value if isinstance(value, str) else None

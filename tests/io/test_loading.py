@@ -122,3 +122,26 @@ def test_the_converted_gguf_directory_loads_in_engines_on_transformers_4(tmp_pat
     assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     tok = AutoTokenizer.from_pretrained(str(out))
     assert tok("Hello, world")["input_ids"] == [19556, 28, 905]
+
+
+@pytest.mark.model
+def test_the_generic_fast_tokenizer_is_what_autotokenizer_gives():
+    """load_tokenizer reads a tokenizer_config.json naming the generic fast class (the converted GGUF's)
+    without AutoTokenizer: the same tokens, text, chat prompt and stop ids as AutoTokenizer's."""
+    from transformers import AutoTokenizer
+
+    from specdecode.io.loading import resolve_model_dir
+    from specdecode.io.tokenizer import GENERIC_FAST, Tokenizer, _tokenizer_class, load_tokenizer
+
+    _, model_dir = resolve_model_dir(None)
+    assert _tokenizer_class(model_dir) in GENERIC_FAST  # the fast path is the one taken
+    ours = load_tokenizer(model_dir)
+    auto = Tokenizer(AutoTokenizer.from_pretrained(str(model_dir)), ours.eos_token_ids)
+    texts = ["Hello, world!", "  two  spaces\tand a tab\n\nnew lines", "<|im_start|>user\nhi<|im_end|>",
+             "déjà vu: 東京, emoji 🙂, math ∑x²", "def f(x):\n    return x ** 2  # code", ""]
+    for text in texts:
+        assert ours.encode(text) == auto.encode(text), text
+        assert ours.decode(ours.encode(text)) == auto.decode(auto.encode(text))
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}]
+    assert ours.chat_prompt(chat) == auto.chat_prompt(chat) and ours.chat_prompt("hi") == auto.chat_prompt("hi")
+    assert ours.eos_token_ids == (2,) and int(auto.hf.eos_token_id) in ours.eos_token_ids
