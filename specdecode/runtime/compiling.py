@@ -7,7 +7,8 @@ thousands of steps. ``generate`` stays eager under ``auto`` (even a cached graph
 than it saves over a few hundred tokens), and so do ``bench`` and ``sweep``, which measure what they
 are told (``--compile on``, or a method's ``compile=on``: a short bench would time the compiler).
 
-Measured again on a 2-core AVX2-only EPYC (bf16 + q4, plain decoding, 64 tokens, interleaved): the
+Measured again on a 2-core AVX2-only EPYC by an ad-hoc script, not a shipped benchmark (bf16 + q4,
+plain decoding, 64 tokens, interleaved): the
 compiled decode 32.3 tok/s against 23.8 eager, one graph 202 s cold and 33.6 s from the cache, so
 ``generate`` breaks even after about 3000 tokens. The cache saves only inductor's code generation:
 a profiled warm start spent 16 s in dynamo's tracing, 14 s in AOT autograd's, 15 s in freezing's
