@@ -9,11 +9,13 @@
 #   3. `check --compile on` in float32: greedy speculative output against the baseline, both compiled.
 # bench compiles every graph the prompts need before timing (CompiledSteps.warm): one per cache size (a power of
 # two from 256) and kind (decode; verify; the drafter's re-extend per token bucket).
-# A step whose result file exists is skipped: delete it to measure again.
+# On CPU the graphs are AOTInductor packages kept in $COLD/graphs (runtime.compiling.PackageStore): step 2 loads them.
+# A step whose result file exists is skipped: delete it to measure again. OUT names the results directory (one
+# per machine; default benchmarks/results/compiled).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SD=.venv/bin/specdecode
-R=benchmarks/results/compiled
+R=${OUT:-benchmarks/results/compiled}
 SPEC=../shared/data/spec_bench_questions.jsonl
 COLD=runs/compiled-cache
 mkdir -p "$R"

@@ -49,11 +49,12 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                         "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "
                         "or static (fixed rules: F.linear, int8 kernel up to 32 rows). Default: auto")
     g.add_argument("--compile", default="auto", choices=COMPILE_MODES,
-                   help="decode and verify steps compiled (torch.compile: inductor with freezing and the C++ wrapper "
-                        "on CPU, CUDA graphs on CUDA), one graph per shape bucket, compiled on first use and cached "
-                        "in $SPECDECODE_CACHE/inductor: on, off (eager) or auto (on for serve and data build, which "
-                        "run for hours; generate, bench and sweep stay eager unless told: a graph costs 1-2 minutes to "
-                        "compile cold on a 2-core CPU, 20 s from the cache). Default: auto")
+                   help="decode, verify and draft steps compiled, one graph per shape bucket: on CPU exported and "
+                        "compiled ahead of time (AOTInductor, freezing) and stored in $SPECDECODE_CACHE/graphs, so a "
+                        "later start loads it in under a second (about 1.5 minutes to build one on a 2-core CPU); "
+                        "on CUDA, CUDA graphs. on, off (eager) or auto: on for serve and data build, which run for "
+                        "hours; generate runs the graphs `specdecode compile` stored for this machine and the other "
+                        "shapes eager; bench and sweep stay eager unless told. Default: auto")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
@@ -124,12 +125,15 @@ def add_store_args(p: argparse.ArgumentParser, what: str = "the run", writes: bo
 # the commands --compile auto compiles for (runtime.compiling): the ones that run for hours. bench and sweep
 # measure what they are told (--compile on, or a method's compile=on): a short bench would time the compiler.
 LONG_RUNNING = ("serve", "data")
+# the commands whose --compile auto runs the graphs `specdecode compile` stored, and the other shapes eager
+STORED_GRAPHS = ("generate",)
 
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                          weights=args.weights, kernels=args.kernels, compile=getattr(args, "compile", "auto"),
-                         long_running=getattr(args, "command", None) in LONG_RUNNING)
+                         long_running=getattr(args, "command", None) in LONG_RUNNING,
+                         stored_graphs=getattr(args, "command", None) in STORED_GRAPHS)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig | AutoSpec:

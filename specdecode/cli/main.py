@@ -15,7 +15,7 @@ import sys
 
 # one module per command (specdecode/cli/<module>.py), in the order `--help` lists them
 COMMAND_MODULES = ("generate", "data", "train", "train_report", "eval_drafter", "check", "sweep", "formats", "serve",
-                   "compare", "runs", "comm_bench", "export", "launch", "report", "tune", "bench")
+                   "compare", "runs", "comm_bench", "export", "launch", "report", "tune", "bench", "compile")
 
 # Commands whose every rank can run the same loop on its shard (SPMD); rank 0 reports.
 TP_COMMANDS = ("generate", "bench", "sweep", "check", "serve")

@@ -17,7 +17,11 @@ one tensor (28 ms: inductor copied it every step). On CUDA the graphs are CUDA g
 (``mode="reduce-overhead"``).
 
 A graph compiles on its first call (``on_compile`` reports it): about 70-110 s cold here per
-graph, 17-25 s when inductor's on-disk cache (``$SPECDECODE_CACHE/inductor``) has it.
+graph, 17-25 s when inductor's on-disk cache (``$SPECDECODE_CACHE/inductor``) has it. With a
+``GraphStore`` (``runtime.compiling.PackageStore``, CPU) a graph is instead exported whole
+(``torch.export`` + AOTInductor, freezing on) and kept on disk per bucket: a later process loads
+it in under a second instead of tracing it again. ``build=False`` uses only what the store holds
+and runs the other buckets' padded steps eager (``generate --compile auto``).
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdecode.core.engine import check_context
 from specdecode.core.kvcache import KVCache
@@ -77,6 +81,40 @@ class GraphKey:
         return f"{self.kind} rows={self.rows} tokens={self.tokens} span={self.span} cache={self.cache[1:2]}"
 
 
+class GraphStore(Protocol):
+    """Compiled graphs kept between processes (``runtime.compiling.PackageStore``): ``load`` gives
+    the stored graph of ``module``'s weights for ``key`` or None; ``build`` compiles ``step`` (a
+    module calling ``module``'s step) on example ``args``, stores and returns it."""
+
+    def load(self, module: nn.Module, key: GraphKey) -> Callable[..., Any] | None: ...
+
+    def build(self, module: nn.Module, key: GraphKey, step: nn.Module, args: tuple[Any, ...]) -> Callable[..., Any]: ...
+
+
+class TargetStep(nn.Module):
+    """``Transformer.step`` with fixed taps, as a module (what ``torch.export`` takes)."""
+
+    def __init__(self, model: Transformer, taps: tuple[int, ...]) -> None:
+        super().__init__()
+        self.model, self.taps = model, taps
+
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, ks: list[Tensor],
+                vs: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        return self.model.step(tokens, positions, slots, mask, ks, vs, self.taps)
+
+
+class DraftStep(nn.Module):
+    """A drafter's ``step`` (``core.drafter.Eagle3Drafter``) with the compiled steps' argument order."""
+
+    def __init__(self, drafter: Any) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, ks: list[Tensor],
+                vs: list[Tensor], hidden: Tensor) -> tuple[Tensor, Tensor]:
+        return self.drafter.step(tokens, hidden, positions, slots, mask, ks, vs)  # type: ignore[no-any-return]
+
+
 @dataclass
 class CompiledSteps:
     """A ``core.model.StepRunner``: install as ``model.steps``. One per model."""
@@ -88,8 +126,11 @@ class CompiledSteps:
     # Batch invariance: every step of a batching pool runs all its rows (padding rows write the scratch
     # slot), so a request's rows see the same shapes, and kernels, whatever else is in the batch.
     fixed_rows: bool = False
+    store: GraphStore | None = None  # graphs kept on disk between processes (CPU: AOTInductor packages)
+    build: bool = True  # False: only the store's graphs run compiled, other buckets' padded steps eager
     graphs: dict[GraphKey, Callable[..., Any]] = field(default_factory=dict)
     compiled: list[tuple[GraphKey, float]] = field(default_factory=list)  # (key, seconds) in order
+    loaded: list[GraphKey] = field(default_factory=list)  # graphs taken from the store, in order
 
     def serves(self, batch: int, tokens: int) -> bool:
         return tokens <= self.max_tokens and not torch.is_grad_enabled()
@@ -101,32 +142,20 @@ class CompiledSteps:
     def __call__(self, model: Transformer, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
                  cache: KVCache, taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
         """``model.step`` over these inputs, padded to their bucket's graph."""
-        def make() -> Callable[..., Any]:
-            def step(tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, ks: list[Tensor],
-                     vs: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-                return model.step(tokens, positions, slots, mask, ks, vs, taps)
-            return step
-
-        logits, hidden = self._run(f"target{list(taps)}", make, tokens, positions, slots, mask, cache, (),
-                                   owner=id(model))
+        logits, hidden = self._run(f"target{list(taps)}", model, lambda: TargetStep(model, taps), tokens, positions,
+                                   slots, mask, cache, ())
         return logits, list(hidden)
 
     def draft(self, drafter: Any, tokens: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
               cache: KVCache) -> tuple[Tensor, Tensor]:
         """A drafter's ``step`` (``core.drafter.Eagle3Drafter``) the same way: one graph per bucket and
         hidden width (the target's fused taps, or the draft's own state)."""
-        def make() -> Callable[..., Any]:
-            def step(tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, ks: list[Tensor],
-                     vs: list[Tensor], hidden: Tensor) -> tuple[Tensor, Tensor]:
-                return drafter.step(tokens, hidden, positions, slots, mask, ks, vs)  # type: ignore[no-any-return]
-            return step
-
-        logits, h = self._run(f"draft[{hidden.shape[-1]}]", make, tokens, positions, slots, mask, cache, (hidden,),
-                              owner=id(drafter))
+        logits, h = self._run(f"draft[{hidden.shape[-1]}]", drafter, lambda: DraftStep(drafter), tokens, positions,
+                              slots, mask, cache, (hidden,))
         return logits, h
 
-    def _run(self, kind: str, make: Callable[[], Callable[..., Any]], tokens: Tensor, positions: Tensor,
-             slots: Tensor, mask: Tensor, cache: KVCache, extra: tuple[Tensor, ...], owner: int) -> Any:
+    def _run(self, kind: str, owner: nn.Module, make: Callable[[], nn.Module], tokens: Tensor, positions: Tensor,
+             slots: Tensor, mask: Tensor, cache: KVCache, extra: tuple[Tensor, ...]) -> Any:
         B, T = tokens.shape
         S = mask.shape[-1]
         pool, row0 = (cache.parent, cache.row0) if cache.parent is not None else (cache, 0)
@@ -144,28 +173,41 @@ class CompiledSteps:
         tokens, positions, slots, mask = _pad(tokens, positions, slots, mask.view(B, 1, T, S), Bp, Tp, Sp,
                                               scratch=cache.max_len, at=at)
         extra = tuple(_pad_rows(x, Bp, Tp, at) for x in extra)
-        key = GraphKey(Bp, Tp, Sp, kind, tuple(view.k[0].shape[1:]) if view.k else (), owner)
+        key = GraphKey(Bp, Tp, Sp, kind, tuple(view.k[0].shape[1:]) if view.k else (), id(owner))
+        args = (tokens, positions, slots, mask, view.k, view.v, *extra)
         fn = self.graphs.get(key)
-        if fn is None and not self.compile:
+        if fn is None and self.compile and self.store is not None:
+            fn = self.store.load(owner, key)
+            if fn is not None:
+                self.graphs[key] = fn
+                self.loaded.append(key)
+        if fn is None and (not self.compile or not self.build):
             fn = self.graphs[key] = make()
         if fn is None:
             if self.on_compile is not None:
                 self.on_compile(key, None)
-            fn = self._compile(make(), key)
             t0 = time.perf_counter()
-            out = fn(tokens, positions, slots, mask, view.k, view.v, *extra)
+            if self.store is not None:  # compiled whole before its first call
+                fn = self.graphs[key] = self.store.build(owner, key, make(), args)
+            else:  # torch.compile: compiled by the first call
+                fn = self._compile(make(), key)
+            out = fn(*args)
             seconds = time.perf_counter() - t0
             self.compiled.append((key, seconds))
             if self.on_compile is not None:
                 self.on_compile(key, seconds)
         else:
-            out = fn(tokens, positions, slots, mask, view.k, view.v, *extra)
+            out = fn(*args)
         if (Bp, Tp) == (B, T):
             return out
         return tuple(x[at:at + B, :T] if isinstance(x, Tensor) else [t[at:at + B, :T] for t in x] for x in out)
 
-    def _compile(self, step: Callable[..., Any], key: GraphKey) -> Callable[..., Any]:
+    def _compile(self, module: nn.Module, key: GraphKey) -> Callable[..., Any]:
         configure_inductor(self.device_type)
+
+        def step(*args: Any) -> Any:
+            return module(*args)
+
         # Each graph gets its own code object: dynamo keeps its cache per code object and checks the
         # entries' guards one after another on every call, so buckets sharing one would slow each
         # other's steps as their number grows.

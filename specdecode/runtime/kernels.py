@@ -25,7 +25,7 @@ def check_kernel_mode(mode: str) -> None:
         raise ValueError(f"unknown kernel mode {mode!r}; use one of {', '.join(KERNEL_MODES)}")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -39,7 +39,7 @@ def hardware_key(model: nn.Module, threads: int) -> dict[str, object]:
     """What a measured plan depends on: CPU, vector ISA torch dispatches to, torch and oneDNN
     builds, threads, and the layer groups measured."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "mkldnn": torch.backends.mkldnn.is_available(),

@@ -16,7 +16,7 @@ from specdecode.core.compiled import CompiledSteps, GraphKey
 from specdecode.core.kernels import KernelPlan
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.runtime.autoformat import AUTO, resolve_format
-from specdecode.runtime.compiling import install_compiled, resolve_compile
+from specdecode.runtime.compiling import graph_store, install_compiled, resolve_compile, stored_steps
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
@@ -39,7 +39,8 @@ class RuntimeConfig:
     weights: str = AUTO  # runtime.weights.WEIGHT_FORMATS (native, int8, q4) or auto
     kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
     compile: str = "auto"  # core.compiled.COMPILE_MODES: decode/verify steps compiled (runtime.compiling)
-    long_running: bool = False  # serve, bench, sweep, data build: what --compile auto compiles for
+    long_running: bool = False  # serve, data build: what --compile auto compiles for
+    stored_graphs: bool = False  # generate: --compile auto runs the graphs stored for this machine (specdecode compile)
 
     @property
     def is_default_model(self) -> bool:
@@ -119,6 +120,8 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
     fmt.apply(loaded.model, loaded.source, dtype)
     plan = install_kernels(loaded.model, config.kernels, threads, device, log)  # ``log`` hears a long measurement
-    compiled = install_compiled(loaded.model, device, on_compile) if use_compiled else None
+    compiled = install_compiled(loaded.model, device, on_compile, graph_store(device, log)) if use_compiled else None
+    if compiled is None and config.compile == AUTO and config.stored_graphs and size == 1:
+        compiled, compile_reason = stored_steps(loaded.model, device, on_compile, log)
     return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason, compiled,
                    compile_reason, on_compile)

@@ -1,9 +1,13 @@
 """When steps run compiled (``runtime.compiling``), the flag as every command parses it, the bench
-method's ``compile=``, and the GPU check's refusal where there is no GPU."""
+method's ``compile=``, the GPU check's refusal where there is no GPU, and graphs stored on disk
+(``PackageStore``): equal to eager, loaded by a new store without compiling, keyed by the weights,
+a damaged one said and left to eager, ``generate --compile auto`` using them."""
 
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +17,15 @@ import torch
 
 from specdecode.bench.methods import build_method
 from specdecode.cli.common import runtime_config
-from specdecode.cli.main import build_parser
+from specdecode.cli.main import build_parser, main
+from specdecode.core.compiled import CompiledSteps, use_steps
+from specdecode.core.drafter import random_drafter
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
-from specdecode.runtime.compiling import resolve_compile
+from specdecode.runtime.compiling import PackageStore, precompile, request_sizes, resolve_compile, stored_steps
 from specdecode.runtime.session import RuntimeConfig, Session
 from tests.core.test_batching import Tok
+from tests.core.test_compiled import generate
 from tests.helpers import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,3 +77,91 @@ def test_gpu_check_refuses_without_cuda():
                           env=os.environ | {"PYTHON": sys.executable})
     assert proc.returncode == 2
     assert "needs a CUDA device" in proc.stderr
+
+
+# --- graphs stored on disk (PackageStore: torch.export + AOTInductor) -----------------------------
+# Each stored graph is an ahead-of-time build (about 15-30 s each for the tiny model on 2 cores), so
+# one module-scoped store serves every test below: an EAGLE-3 chain of 1 (verify 2 tokens, draft steps).
+
+CHAIN = SpecConfig(1, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    model = tiny_model(seed=5, max_position_embeddings=1024)  # float64: compiled must equal eager exactly
+    drafter = random_drafter(model, seed=2)
+    rng = random.Random(1)
+    prompt = [rng.randrange(4, 97) for _ in range(24)]  # > 16 tokens: the prefill stays eager
+    root = tmp_path_factory.mktemp("graphs")
+    eager = generate(model, Eagle3Decoder(drafter, CHAIN), prompt)
+    steps = CompiledSteps(store=PackageStore(root))
+    with use_steps((model, drafter), steps):
+        built = generate(model, Eagle3Decoder(drafter, CHAIN), prompt)
+    return model, drafter, prompt, root, eager, built, steps
+
+
+def test_stored_graphs_equal_eager_and_a_new_process_loads_them(stored):
+    model, drafter, prompt, root, eager, built, steps = stored
+    assert built == eager
+    kinds = {k.kind for k, _ in steps.compiled}
+    assert any(k.startswith("target") for k in kinds) and any(k.startswith("draft") for k in kinds)
+    assert len(list(root.rglob("*.pt2"))) == len(steps.compiled) and not list(root.rglob("*tmp*"))
+    # a new store (as a new process has) that may not build: every graph loaded, none compiled
+    again = CompiledSteps(store=PackageStore(root), build=False)
+    with use_steps((model, drafter), again):
+        assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt) == eager
+    assert again.compiled == [] and sorted(map(str, again.loaded)) == sorted(str(k) for k, _ in steps.compiled)
+
+
+def test_other_weights_other_graphs(stored):
+    model, drafter, _, root, *_ = stored
+    store = PackageStore(root)
+    assert store.count(model) + store.count(drafter) == len(list(root.rglob("*.pt2")))
+    other = tiny_model(seed=6, max_position_embeddings=1024)
+    assert store.count(other) == 0 and store.identity(other) != store.identity(model)
+    with torch.no_grad():
+        model.norm.weight[0] += 1  # the same model, one weight changed: not its graphs any more
+    try:
+        assert PackageStore(root).count(model) == 0
+    finally:
+        with torch.no_grad():
+            model.norm.weight[0] -= 1
+    assert PackageStore(root).count(model) > 0
+
+
+def test_damaged_graph_is_said_and_left_to_eager(stored, tmp_path):
+    model, drafter, prompt, root, eager, *_ = stored
+    copy = tmp_path / "graphs"
+    shutil.copytree(root, copy)
+    for f in copy.rglob("*.pt2"):
+        f.write_bytes(f.read_bytes()[:1000])  # cut short, as a full disk or a killed copy leaves it
+    said: list[str] = []
+    steps = CompiledSteps(store=PackageStore(copy, log=said.append), build=False)
+    with use_steps((model, drafter), steps):
+        assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt) == eager
+    assert steps.loaded == [] and said and "could not be loaded" in said[0] and "compiled again" in said[0]
+    assert not list(copy.rglob("*.pt2"))  # removed, so the next build writes it whole
+
+
+def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_path, monkeypatch):
+    model, *_ = stored
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    steps, why = stored_steps(model, torch.device("cpu"), None, None)
+    assert steps is None and "stays eager" in why and "specdecode compile" in why and model.steps is None
+    shutil.copytree(stored[3], tmp_path / "graphs")
+    steps, why = stored_steps(model, torch.device("cpu"), None, None)
+    try:
+        assert steps is not None and model.steps is steps and not steps.build and "graphs stored" in why
+    finally:
+        model.steps = None
+    parse = build_parser().parse_args
+    assert runtime_config(parse(["generate", "hi"])).stored_graphs
+    assert not runtime_config(parse(["bench"])).stored_graphs  # bench measures what it is told
+
+
+def test_precompile_needs_a_store_and_covers_every_cache_size():
+    assert request_sizes(1024, 8192) == [256, 512, 1024] and request_sizes(100, 8192) == [256]
+    assert request_sizes(3000, 2048) == [256, 512, 1024, 2048]
+    with pytest.raises(ValueError, match="build into a store"):
+        precompile(tiny_model(), CompiledSteps(), None, None, 256)
+    assert main(["compile", "--compile", "off"]) == 2

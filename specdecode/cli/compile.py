@@ -1,0 +1,75 @@
+"""`specdecode compile`: build and store, for this machine, the compiled graphs a generation needs
+(``runtime.compiling.precompile``), so later starts load them instead of compiling."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, notice, runtime_config
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compile", help="compile and store the graphs generate needs on this machine (later starts load them)",
+        description="Export and compile ahead of time (AOTInductor, freezing) the decode, verify and draft steps "
+                    "a request of up to --max-len tokens needs with these flags, one graph per cache size, into "
+                    "$SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in under a "
+                    "second each) and the shapes not stored eager; serve and data build use and add to the same "
+                    "store. Graphs already stored are not built again. About 1.5 minutes per target graph on a "
+                    "2-core CPU, and each holds its own copy of the weights on disk. CPU only.")
+    p.add_argument("--max-len", type=int, default=1024,
+                   help="the longest request (prompt + new tokens) to compile for: caches of 256, 512, ... tokens up "
+                        "to it (default: 1024)")
+    add_model_args(p)
+    add_spec_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specdecode.core.compiled import GraphKey
+    from specdecode.runtime.compiling import precompile
+    from specdecode.runtime.decoders import build_decoder
+    from specdecode.runtime.session import start
+
+    if args.max_len < 2:
+        raise ValueError(f"--max-len must be at least 2 tokens, got {args.max_len}")
+    err = Console(stderr=True)
+    spec = decoder_spec(args)
+    if getattr(args, "compile", "auto") == "off":
+        raise ValueError("`specdecode compile` compiles: drop --compile off")
+    session = start(replace(runtime_config(args), compile="on"), log=notice)
+    steps = session.compiled
+    if steps is None or steps.store is None:
+        raise ValueError(f"graphs are stored on CPU only (device {session.device}: CUDA graphs are captured in "
+                         "each process; serve and data build compile them at first use)")
+    decoder = build_decoder(spec, session, log=notice)
+    err.print(f"format: {session.config.dtype}, {session.config.weights} weights; {decoder.description}",
+              markup=False, highlight=False)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("cache sizes"),
+               TimeElapsedColumn(), TextColumn("{task.fields[graph]}"))
+    t0 = time.perf_counter()
+    with Progress(*columns, console=err) as progress:
+        task = progress.add_task("compiling", total=None, graph="")
+
+        def on_size(i: int, n: int) -> None:
+            progress.update(task, total=n, completed=i)
+
+        def on_compile(key: GraphKey, seconds: float | None) -> None:
+            if seconds is None:
+                progress.update(task, graph=f"building {key}")
+            else:
+                progress.console.print(f"built {key} in {seconds:.1f} s", markup=False, highlight=False)
+
+        steps.on_compile = on_compile
+        drafter = getattr(decoder.decode, "drafter", None)
+        done = precompile(session.loaded.model, steps, drafter, decoder.config, args.max_len, on_size)
+    err.print(f"[bold]{len(done.built)} graphs built[/], {done.loaded} already stored, for caches of "
+              f"{', '.join(map(str, done.sizes))} tokens, in {time.perf_counter() - t0:.0f} s; "
+              f"{done.disk_bytes / 1e9:.2f} GB in {', '.join(map(str, done.dirs))}")
+    err.print("`specdecode generate` with the same model and flags now runs them (--compile auto)", markup=False)
+    return 0
