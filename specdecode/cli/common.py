@@ -175,7 +175,7 @@ def notice(message: str) -> None:
 def compile_notice(key: object, seconds: float | None) -> None:
     """``runtime.session.start``'s ``on_compile``: say on stderr when a graph compiles and how long it took."""
     if seconds is None:
-        print(f"compiling a step graph ({key}); first use only, cached in $SPECDECODE_CACHE/inductor ...",
+        print(f"compiling a step graph ({key}); once: CPU graphs are kept in $SPECDECODE_CACHE/graphs ...",
               file=sys.stderr, flush=True)
     else:
         print(f"compiled ({key}) in {seconds:.1f} s", file=sys.stderr, flush=True)

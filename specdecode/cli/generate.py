@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         err.print(f"format: {session.config.dtype}, {session.config.weights} weights ({session.format_reason})",
                   markup=False, highlight=False)
+        if session.compiled is not None:
+            err.print(f"compiled steps: {session.compile_reason}", markup=False, highlight=False)
     decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
     if decoder.choice is not None and not args.json:
         err.print(decoder.choice.summary(), markup=False, highlight=False)
@@ -96,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     record = result.to_dict() | {
         "method": decoder.description, "model": str(session.loaded.source), "dtype": session.config.dtype,
         "weights": session.config.weights, "format_reason": session.format_reason,
-        "kernels": session.kernels.summary(), "device": str(session.device),
+        "kernels": session.kernels.summary(), "device": str(session.device), "compile": session.compile_reason,
+        "graphs_loaded": len(session.compiled.loaded) if session.compiled else 0,
         "threads": session.threads, "load_s": load_s,
         "spec_config": asdict(decoder.config) if decoder.config else None,
         "spec_choice": decoder.choice.to_dict() if decoder.choice else None, "notes": decoder.notes}

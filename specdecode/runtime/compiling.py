@@ -1,24 +1,25 @@
-"""Whether the target's decode and verify steps run compiled (``core.compiled``), and setting it up.
+"""Whether the target's and the drafter's steps run compiled (``core.compiled``), and where the
+compiled graphs are kept.
 
-``--compile auto`` (the default) compiles for the jobs that run for hours (``serve``, ``data
-build``: ``RuntimeConfig.long_running``): a graph costs about 70-110 s cold on a 2-core CPU (17-25 s
-from inductor's on-disk cache) and saves about 10 ms per step there, so it pays back after some
-thousands of steps. ``generate`` stays eager under ``auto`` (even a cached graph's start costs more
-than it saves over a few hundred tokens), and so do ``bench`` and ``sweep``, which measure what they
-are told (``--compile on``, or a method's ``compile=on``: a short bench would time the compiler).
+On CPU a graph is exported (``torch.export``) and compiled ahead of time by AOTInductor with
+freezing, then kept as a package per bucket in ``$SPECDECODE_CACHE/graphs/<weights identity>/``
+(``PackageStore``): any later process on this machine loads it in under a second. On CUDA the
+steps go through ``torch.compile`` (CUDA graphs), captured in each process.
 
-Measured again on a 2-core AVX2-only EPYC by an ad-hoc script, not a shipped benchmark (bf16 + q4,
-plain decoding, 64 tokens, interleaved): the
-compiled decode 32.3 tok/s against 23.8 eager, one graph 202 s cold and 33.6 s from the cache, so
-``generate`` breaks even after about 3000 tokens. The cache saves only inductor's code generation:
-a profiled warm start spent 16 s in dynamo's tracing, 14 s in AOT autograd's, 15 s in freezing's
-passes and 6 s in joint-graph passes, against 4.6 s loading the cached kernels. AOT autograd's own
-cache refuses frozen graphs ("Cannot cache a graph with freezing enabled"), and freezing is what
-makes the CPU graph faster than eager. A fast warm start needs graphs persisted whole: a prototype
-on a tiny float32 model (``torch.export`` of ``Transformer.step``, the cache lists as inputs, then
-``aoti_compile_and_package`` with freezing) loaded in 0.01 s, wrote the cache in place at its slot
-and matched eager within 1e-5; each package embeds its own (frozen) weights (issue 22).
-Tensor parallelism stays eager (its all-reduce sits inside every layer). ``on``/``off`` decide.
+``--compile auto`` (the default) builds graphs for the jobs that run for hours (``serve``, ``data
+build``: ``RuntimeConfig.long_running``). ``generate`` runs the graphs already stored for these
+weights and this machine (``specdecode compile`` builds them: ``precompile``) and every other shape
+eager; with none stored it stays eager, as building one costs more than a generation saves. ``bench``
+and ``sweep`` measure what they are told (``--compile on``, or a method's ``compile=on``).
+``on``/``off`` decide. Tensor parallelism stays eager (its all-reduce sits inside every layer).
+
+Why packages: through ``torch.compile`` every process traced each graph again. Measured on a
+2-core AVX2-only EPYC by ad-hoc scripts (bf16 + q4, one decode graph): 202 s cold (profiled) and
+33.6 s from inductor's on-disk cache, which saves only code generation (a profiled warm start spent
+16 s in dynamo's tracing, 14 s in AOT autograd's, 15 s in freezing's passes, 6 s in joint-graph
+passes, 4.6 s loading the cached kernels); AOT autograd's own cache refuses frozen graphs ("Cannot
+cache a graph with freezing enabled"), and freezing is what makes the CPU graph faster than eager.
+The same graph as a package: export 10 s + AOTInductor 75 s once, then loaded in 0.4-1 s.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def resolve_compile(mode: str, long_running: bool, world_size: int) -> tuple[boo
         return mode == "on", f"{mode}: as asked"
     if long_running:
         return True, "auto: a long-running job (graphs compile on first use, cached on disk)"
-    return False, "auto: a single generation stays eager (a compiled graph's start costs more than it saves)"
+    return False, "auto: a single generation runs only graphs already stored (runtime.compiling.stored_steps)"
 
 
 def inductor_cache_dir() -> str:

@@ -41,7 +41,7 @@ def tiny_session():
 def test_auto_compiles_long_running_jobs_only():
     assert resolve_compile("auto", True, 1)[0] is True
     on, why = resolve_compile("auto", False, 1)
-    assert on is False and "stays eager" in why
+    assert on is False and "only graphs already stored" in why
     assert resolve_compile("on", False, 1) == (True, "on: as asked")
     assert resolve_compile("off", True, 1) == (False, "off: as asked")
     assert resolve_compile("auto", True, 2) == (False, "eager: tensor parallelism (2 ranks)")
