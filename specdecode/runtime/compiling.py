@@ -24,10 +24,12 @@ The same graph as a package: export 10 s + AOTInductor 75 s once, then loaded in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import weakref
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+import specdecode.core as core_package
 from specdecode.core.compiled import MIN_SPAN, CompiledSteps, GraphKey, check_compile_mode
 from specdecode.core.model import Transformer
 from specdecode.core.speculative import SpecConfig
@@ -73,25 +76,54 @@ PACKAGE_VERSION = 1
 _SAMPLES = 4096  # elements read from each tensor for a module's identity
 
 
+@functools.cache
+def code_identity() -> str:
+    """The step code a graph was traced from: every source file of ``specdecode.core`` (model,
+    attention, kernels, quantized layers, drafter), so a changed step never loads an old package."""
+    h = hashlib.sha256()
+    for f in sorted(Path(core_package.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _held_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The module and those it holds outside its own tree (a drafter keeps the target's embedding in
+    a list, which ``state_dict`` does not see but an exported graph bakes in)."""
+    held = [(f"{attr}.{i}", m) for attr, v in vars(module).items() if isinstance(v, list | tuple)
+            for i, m in enumerate(v) if isinstance(m, nn.Module)]
+    return [("", module), *held]
+
+
 def weights_identity(module: nn.Module) -> str:
     """What a graph compiled from ``module`` embeds and depends on: its configuration, every
-    parameter and buffer (name, shape, dtype and an even sample of its values: cheap, and a
-    different file, format or quantization changes it), the kernel each layer's plan chose, and the
-    machine (CPU, vector ISA, torch build, threads: generated code is built for them)."""
+    parameter and buffer, its own and those of modules it holds in lists (name, shape, dtype and an
+    even sample of its values: cheap, and a different file, format or quantization changes it), the
+    kernel each layer's plan chose, the step code (``code_identity``), and the machine (CPU, vector
+    ISA, torch build, threads: generated code is built for them)."""
     h = hashlib.sha256()
-    h.update(repr((PACKAGE_VERSION, type(module).__name__, getattr(module, "config", None), cpu_model(),
-                   torch.backends.cpu.get_cpu_capability(), torch.__version__, torch.get_num_threads())).encode())
-    for name, t in module.state_dict(keep_vars=True).items():
-        flat = t.detach().reshape(-1)
-        n = flat.numel()
-        k = min(n, _SAMPLES)
-        sample = flat[torch.arange(k, device=flat.device) * (n - 1) // max(k - 1, 1)] if n else flat
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(sample.contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    for name, m in module.named_modules():
-        if getattr(m, "kernels", None) is not None:
-            h.update(f"{name}:{m.kernels}".encode())
+    h.update(repr((PACKAGE_VERSION, code_identity(), type(module).__name__, getattr(module, "config", None),
+                   cpu_model(), torch.backends.cpu.get_cpu_capability(), torch.__version__,
+                   torch.get_num_threads())).encode())
+    for prefix, owner in _held_modules(module):
+        for name, t in owner.state_dict(keep_vars=True).items():
+            flat = t.detach().reshape(-1)
+            n = flat.numel()
+            k = min(n, _SAMPLES)
+            sample = flat[torch.arange(k, device=flat.device) * (n - 1) // max(k - 1, 1)] if n else flat
+            h.update(f"{prefix}/{name}:{tuple(t.shape)}:{t.dtype}".encode())
+            h.update(sample.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        for name, m in owner.named_modules():
+            if getattr(m, "kernels", None) is not None:
+                h.update(f"{prefix}/{name}:{m.kernels}".encode())
     return h.hexdigest()[:16]
+
+
+def _whole_zip(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except (zipfile.BadZipFile, OSError):
+        return False
 
 
 class LoadedGraph:
@@ -147,11 +179,14 @@ class PackageStore:
             return None
         try:
             return LoadedGraph(path)
-        except (RuntimeError, OSError, ValueError) as e:  # cut short or damaged: compiled again
+        except (RuntimeError, OSError, ValueError) as e:
+            damaged = not _whole_zip(path)  # cut short or corrupt: removed, built again when building
             if self.log is not None:
                 self.log(f"compiled graph {path} could not be loaded ({type(e).__name__}: {str(e)[:200]}); "
-                         "it is compiled again")
-            path.unlink(missing_ok=True)
+                         + ("it is damaged, removed and compiled again" if damaged else
+                            "it is kept; this shape runs eager or is compiled again"))
+            if damaged:
+                path.unlink(missing_ok=True)
             return None
 
     def build(self, module: nn.Module, key: GraphKey, step: nn.Module, args: tuple[Any, ...]) -> Callable[..., Any]:
@@ -163,11 +198,13 @@ class PackageStore:
         with torch.inference_mode(False), torch.no_grad():
             example = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
             exported = torch.export.export(step, example)
-            tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.pt2")
+            # built beside, outside the glob count() reads: a build killed midway leaves no package
+            tmp = path.parent / ".building" / f"{path.stem}.{os.getpid()}.pt2"
+            tmp.parent.mkdir(exist_ok=True)
             try:
                 torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
                                                          inductor_configs={"freezing": True})
-                os.replace(tmp, path)  # whole or not at all: a build cut short leaves no package
+                os.replace(tmp, path)  # whole or not at all
             finally:
                 tmp.unlink(missing_ok=True)
         return LoadedGraph(path)
@@ -234,7 +271,8 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
     if steps.store is None or not steps.build:
         raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
     built0, loaded0 = len(steps.compiled), len(steps.loaded)
-    sizes = request_sizes(max_len, model.config.max_position_embeddings)
+    margin = spec.num_draft_tokens if spec is not None else 0  # a verified tree past the last new token
+    sizes = request_sizes(max_len + margin, model.config.max_position_embeddings)
     for i, size in enumerate(sizes):
         if on_size is not None:
             on_size(i, len(sizes))
