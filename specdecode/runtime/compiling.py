@@ -44,7 +44,7 @@ from specdecode.core.compiled import MIN_SPAN, CompiledSteps, GraphKey, check_co
 from specdecode.core.model import Transformer
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.paths import cache_root
-from specdecode.runtime.kernels import cpu_model
+from specdecode.runtime.kernels import machine_key
 
 if TYPE_CHECKING:
     from specdecode.runtime.session import Session
@@ -102,8 +102,7 @@ def weights_identity(module: nn.Module) -> str:
     ISA, torch build, threads: generated code is built for them)."""
     h = hashlib.sha256()
     h.update(repr((PACKAGE_VERSION, code_identity(), type(module).__name__, getattr(module, "config", None),
-                   cpu_model(), torch.backends.cpu.get_cpu_capability(), torch.__version__,
-                   torch.get_num_threads())).encode())
+                   sorted(machine_key(torch.get_num_threads()).items()))).encode())
     for prefix, owner in _held_modules(module):
         for name, t in owner.state_dict(keep_vars=True).items():
             flat = t.detach().reshape(-1)

@@ -25,7 +25,7 @@ def check_kernel_mode(mode: str) -> None:
         raise ValueError(f"unknown kernel mode {mode!r}; use one of {', '.join(KERNEL_MODES)}")
 
 
-def cpu_model() -> str:
+def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -35,18 +35,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware_key(model: nn.Module, threads: int) -> dict[str, object]:
-    """What a measured plan depends on: CPU, vector ISA torch dispatches to, torch and oneDNN
-    builds, threads, and the layer groups measured."""
+def machine_key(threads: int) -> dict[str, object]:
+    """What measured or generated CPU code depends on: CPU, vector ISA torch dispatches to, torch and
+    oneDNN builds, threads (kernel plans here, stored graphs in ``runtime.compiling``)."""
     return {
-        "cpu": cpu_model(),
+        "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "mkldnn": torch.backends.mkldnn.is_available(),
         "threads": threads,
-        "row_buckets": list(ROW_BUCKETS),
-        "groups": sorted(kernel_layers(model)),
     }
+
+
+def hardware_key(model: nn.Module, threads: int) -> dict[str, object]:
+    """What a measured plan depends on: the machine, and the layer groups measured."""
+    return machine_key(threads) | {"row_buckets": list(ROW_BUCKETS), "groups": sorted(kernel_layers(model))}
 
 
 def plan_path(key: dict[str, object]) -> Path:
