@@ -52,9 +52,10 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                    help="decode, verify and draft steps compiled, one graph per shape bucket: on CPU exported and "
                         "compiled ahead of time (AOTInductor, freezing) and stored in $SPECDECODE_CACHE/graphs, so a "
                         "later start loads it in under a second (about 1.5 minutes to build one on a 2-core CPU); "
-                        "on CUDA, CUDA graphs. on, off (eager) or auto: on for serve and data build, which run for "
-                        "hours; generate runs the graphs `specdecode compile` stored for this machine and the other "
-                        "shapes eager; bench and sweep stay eager unless told. Default: auto")
+                        "on CUDA, CUDA graphs. on, off (eager) or auto: on for data build, which runs for hours; "
+                        "generate and serve run the graphs `specdecode compile [--serve]` stored for this machine and "
+                        "the other shapes eager (serve --compile on builds its graphs before serving); bench and "
+                        "sweep stay eager unless told. Default: auto")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default: cpu)")
     g.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the "
@@ -122,11 +123,12 @@ def add_store_args(p: argparse.ArgumentParser, what: str = "the run", writes: bo
         p.add_argument("--no-store", action="store_true", help=f"do not append {what} to the results store")
 
 
-# the commands --compile auto compiles for (runtime.compiling): the ones that run for hours. bench and sweep
-# measure what they are told (--compile on, or a method's compile=on): a short bench would time the compiler.
-LONG_RUNNING = ("serve", "data")
+# the commands --compile auto compiles for at first use (runtime.compiling): the batch job that runs for hours.
+# bench and sweep measure what they are told (--compile on, or a method's compile=on): a short bench would time
+# the compiler. serve does not: every running request would wait the minutes a graph takes to build.
+LONG_RUNNING = ("data",)
 # the commands whose --compile auto runs the graphs `specdecode compile` stored, and the other shapes eager
-STORED_GRAPHS = ("generate",)
+STORED_GRAPHS = ("generate", "serve")
 
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:

@@ -8,6 +8,8 @@ import time
 from dataclasses import replace
 
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, notice, runtime_config
+from specdecode.cli.serve import add_batch_args, batch_config
+from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,12 +18,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Export and compile ahead of time (AOTInductor, freezing) the decode, verify and draft steps "
                     "a request of up to --max-len tokens needs with these flags, one graph per cache size, into "
                     "$SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in under a "
-                    "second each) and the shapes not stored eager; serve and data build use and add to the same "
-                    "store. Graphs already stored are not built again. About 1.5 minutes per target graph on a "
-                    "2-core CPU, and each holds its own copy of the weights on disk. CPU only.")
-    p.add_argument("--max-len", type=int, default=1024,
+                    "second each) and the shapes not stored eager. With --serve, the graphs of `serve` with the "
+                    "same flags instead (its batch of up to --max-running-requests rows: every batch size bucket, "
+                    "attention spans up to --max-len); `serve --compile auto` loads them before serving. Graphs "
+                    "already stored are not built again. About 1.5 minutes per target graph on a 2-core CPU, and "
+                    "each holds its own copy of the weights on disk. CPU only.")
+    p.add_argument("--max-len", type=int, default=DEFAULT_COMPILE_MAX_LEN,
                    help="the longest request (prompt + new tokens) to compile for: caches of 256, 512, ... tokens up "
-                        "to it (default: 1024)")
+                        f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; serve's --compile-max-len)")
+    p.add_argument("--serve", action="store_true",
+                   help="the graphs `specdecode serve` with these flags runs (continuous batching), not generate's")
+    add_batch_args(p.add_argument_group("serve (with --serve)"))
     add_model_args(p)
     add_spec_args(p)
     p.set_defaults(func=run)
@@ -32,12 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specdecode.core.compiled import GraphKey
-    from specdecode.runtime.compiling import precompile
+    from specdecode.runtime.compiling import precompile, precompile_pool
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
 
     if args.max_len < 2:
         raise ValueError(f"--max-len must be at least 2 tokens, got {args.max_len}")
+    batch = batch_config(args) if args.serve else None
     err = Console(stderr=True)
     spec = decoder_spec(args)
     if getattr(args, "compile", "auto") == "off":
@@ -50,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     decoder = build_decoder(spec, session, log=notice)
     err.print(f"format: {session.config.dtype}, {session.config.weights} weights; {decoder.description}",
               markup=False, highlight=False)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("cache sizes"),
+    what = "attention spans" if batch is not None else "cache sizes"
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(what),
                TimeElapsedColumn(), TextColumn("{task.fields[graph]}"))
     t0 = time.perf_counter()
     with Progress(*columns, console=err) as progress:
@@ -66,10 +75,14 @@ def run(args: argparse.Namespace) -> int:
                 progress.console.print(f"built {key} in {seconds:.1f} s", markup=False, highlight=False)
 
         steps.on_compile = on_compile
-        drafter = getattr(decoder.decode, "drafter", None)
-        done = precompile(session.loaded.model, steps, drafter, decoder.config, args.max_len, on_size)
-    err.print(f"[bold]{len(done.built)} graphs built[/], {done.loaded} already stored, for caches of "
+        if batch is not None:
+            done = precompile_pool(session, decoder.decode, batch, args.max_len, on_size)
+        else:
+            drafter = getattr(decoder.decode, "drafter", None)
+            done = precompile(session.loaded.model, steps, drafter, decoder.config, args.max_len, on_size)
+    err.print(f"[bold]{len(done.built)} graphs built[/], {done.loaded} already stored, for {what} of "
               f"{', '.join(map(str, done.sizes))} tokens, in {time.perf_counter() - t0:.0f} s; "
               f"{done.disk_bytes / 1e9:.2f} GB in {', '.join(map(str, done.dirs))}")
-    err.print("`specdecode generate` with the same model and flags now runs them (--compile auto)", markup=False)
+    command = "serve" if batch is not None else "generate"
+    err.print(f"`specdecode {command}` with the same model and flags now runs them (--compile auto)", markup=False)
     return 0

@@ -42,7 +42,21 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"larger request bodies get 413 (default: {d.max_body_bytes})")
     g.add_argument("--max-queued", type=int, default=d.max_queued,
                    help=f"requests waiting beyond this get 503 (default: {d.max_queued})")
-    b = d.batch
+    add_batch_args(g)
+    g.add_argument("--compile-max-len", type=int, default=d.compile_max_len,
+                   help="compiled steps: the graphs for contexts up to this many tokens are loaded (or, with --compile "
+                        "on, built) before serving, for every batch size up to --max-running-requests; longer "
+                        f"contexts and prompt prefill run eager (default: {d.compile_max_len})")
+    g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                   help="seconds a shutdown (SIGTERM) waits for running requests, with /health answering 503 meanwhile "
+                        "(default: 30)")
+    g.add_argument("--log-interval", type=float, default=d.log_interval,
+                   help="seconds between decode summaries in the log while busy (default: 10)")
+
+
+def add_batch_args(g: argparse._ActionsContainer) -> None:
+    """The continuous-batching flags: serve's, and `specdecode compile --serve`'s (the graphs follow them)."""
+    b = _DEFAULTS.batch
     g.add_argument("--max-running-requests", type=int, default=b.slots,
                    help=f"requests decoded together in one batch; more wait in the queue (default: {b.slots})")
     g.add_argument("--context-length", type=int, default=None,
@@ -63,19 +77,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "company: README 'The same request, the same answer'); one way at every batch size: "
                         "--spec-policy never (the default here: faster in this mode) or always. Cost: a request "
                         "alone pays for the full batch (bf16 + q4, 4 slots: 0.76x alone, 0.95x at 4)")
-    g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
-                   help="seconds a shutdown (SIGTERM) waits for running requests, with /health answering 503 meanwhile "
-                        "(default: 30)")
-    g.add_argument("--log-interval", type=float, default=d.log_interval,
-                   help="seconds between decode summaries in the log while busy (default: 10)")
 
 
-def serve_config(args: argparse.Namespace) -> ServeConfig:
-    """The flags as a ``ServeConfig``; refused (ValueError, exit code 2) before any model loads."""
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    for flag, value, least in (("--max-body-bytes", args.max_body_bytes, 1), ("--max-queued", args.max_queued, 0),
-                               ("--max-running-requests", args.max_running_requests, 1),
+def batch_config(args: argparse.Namespace) -> BatchConfig:
+    """The batching flags as a ``BatchConfig`` (ValueError on a bad value)."""
+    for flag, value, least in (("--max-running-requests", args.max_running_requests, 1),
                                ("--context-length", args.context_length, 2),
                                ("--chunked-prefill-size", args.chunked_prefill_size, 1)):
         if value is not None and value < least:
@@ -85,14 +91,25 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         # plain: in the batch-invariant engine, speculative steps measured slower than plain ones alone and
         # batched (bf16 + q4, 4 slots: 30.6 vs 39.7 tok/s alone, 71.5 vs 108.8 at 4; reproducibility.md)
         policy = "never"
-    batch = BatchConfig(slots=args.max_running_requests, slot_tokens=args.context_length,
-                        prefill_chunk=args.chunked_prefill_size, spec_policy=policy,
-                        batch_invariant=args.batch_invariant)
+    return BatchConfig(slots=args.max_running_requests, slot_tokens=args.context_length,
+                       prefill_chunk=args.chunked_prefill_size, spec_policy=policy,
+                       batch_invariant=args.batch_invariant)
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The flags as a ``ServeConfig``; refused (ValueError, exit code 2) before any model loads."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    for flag, value, least in (("--max-body-bytes", args.max_body_bytes, 1), ("--max-queued", args.max_queued, 0),
+                               ("--compile-max-len", args.compile_max_len, 2)):
+        if value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    batch = batch_config(args)
     return ServeConfig(host=args.host, port=args.port,
                        api_key=args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
                        max_queued=args.max_queued, shutdown_timeout=args.shutdown_timeout,
-                       log_interval=args.log_interval, batch=batch)
+                       log_interval=args.log_interval, batch=batch, compile_max_len=args.compile_max_len)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -253,6 +253,11 @@ class BatchEngine:
             return replace(self.model.steps, fixed_rows=True)
         return CompiledSteps(self.model.device.type, compile=False, fixed_rows=True)
 
+    @property
+    def steps(self) -> StepRunner | None:
+        """The steps this engine's forwards run (its own fixed-rows copy when batch-invariant)."""
+        return self._steps if self._steps is not None else self.model.steps
+
     def _own_steps(self) -> contextlib.AbstractContextManager[None]:
         """The batch-invariant engine's steps on the target and its drafter (EAGLE-3's shares the target's:
         its drafts then do not change with the batch either; the output would not anyway, being the
@@ -280,6 +285,45 @@ class BatchEngine:
                 extra = self.spec.num_steps * self.spec.topk + 1
                 dpool = self.drafter.new_cache(self.limit + extra, self.config.slots)
             self._pools = tpool, dpool
+
+    def warm(self, max_len: int | None = None, on_span: Callable[[int, int], None] | None = None,
+             seal: bool = False) -> int:
+        """Compile now (or load from their store) the graphs of this engine's decode steps when the
+        model runs compiled steps (``core.compiled.CompiledSteps``): every batch size bucket up to the
+        slots (the whole pool when batch-invariant), every attention span for contexts of up to
+        ``max_len`` tokens (default: the slot limit), the plain and speculative steps the policy may
+        take. Prefill chunks stay eager. ``on_span(i, n)`` hears progress by span. ``seal``: then
+        compile nothing more (a shape not warmed runs its padded step eager), so that no request of a
+        server waits minutes for the compiler. Call it before any request, on the thread that steps;
+        returns how many graphs were compiled (0: eager steps)."""
+        from specdecode.core.compiled import ROW_BUCKETS, CompiledSteps, bucket, span_buckets
+
+        with self._own_steps():
+            steps = self.model.steps
+            if not isinstance(steps, CompiledSteps) or not steps.compile or self.rows:
+                return 0
+            self._allocate()
+            assert self._pools is not None
+            tpool, dpool = self._pools
+            slots = self.config.slots
+            sizes = [slots] if steps.fixed_rows else sorted({min(bucket(b, ROW_BUCKETS), slots)
+                                                            for b in range(1, slots + 1)})
+            spans = span_buckets(max_len or self.limit, tpool.max_len)
+            plain = None if self.policy.name == "always" else self._aux()
+            spec = self.spec if self.drafting else None
+            before = len(steps.compiled)
+            for i, span in enumerate(spans):
+                if on_span is not None:
+                    on_span(i, len(spans))
+                for b in sizes:
+                    steps.warm_rows(self.model, self.drafter, tpool.rows(0, b),
+                                    dpool.rows(0, b) if dpool is not None else None, span, spec, plain,
+                                    catch_up=plain is not None)
+            if on_span is not None:
+                on_span(len(spans), len(spans))
+            if seal:
+                steps.build = False
+            return len(steps.compiled) - before
 
     def calibrate(self, prompt_ids: Sequence[int], steps: int = CALIBRATION_STEPS) -> dict[int, bool]:
         """'auto': time plain and speculative steps (alternating, the median of ``steps`` each) at every

@@ -68,6 +68,17 @@ def span_bucket(span: int, limit: int) -> int:
     return min(s, limit)
 
 
+def span_buckets(max_len: int, limit: int) -> list[int]:
+    """Every span a context of up to ``max_len`` tokens may be given (``span_bucket``) in a cache of
+    ``limit`` tokens: MIN_SPAN, twice that, ... up to the first that holds ``max_len``, at most ``limit``."""
+    spans, span = [], MIN_SPAN
+    while True:
+        spans.append(min(span, limit))
+        if span >= min(max_len, limit):
+            return spans
+        span *= 2
+
+
 @dataclass(frozen=True)
 class GraphKey:
     rows: int
@@ -228,37 +239,52 @@ class CompiledSteps:
         of the sizes its own caches will have; returns how many graphs were compiled. A benchmark
         calls it before timing, so no measured request waits for the compiler."""
         before = len(self.compiled)
-        dev = model.device
         with torch.inference_mode():
             if spec is None:
                 cache = model.new_cache(1, check_context(model, prompt_len, max_new_tokens))
-                self._dummy_target(model, cache, 1, ())
-                return len(self.compiled) - before
-            size, dsize = spec_cache_sizes(model, prompt_len, max_new_tokens, [spec])
-            taps = tuple(drafter.config.aux_layer_ids)
-            self._dummy_target(model, model.new_cache(1, size), spec.num_draft_tokens, taps)
-            dcache = drafter.new_cache(dsize)
-            width = len(taps) * model.config.hidden_size
-            for t in sorted({bucket(t, TOKEN_BUCKETS) for t in range(1, spec.max_depth + 2)}):
-                tokens, positions, slots, mask = _dummy_inputs(t, dev)
-                self.draft(drafter, tokens, torch.zeros(1, t, width, dtype=model.dtype, device=dev), positions,
-                           slots, mask, dcache)
-            if spec.num_steps > 1:
-                k, width = spec.topk, drafter.config.hidden_size
-                tokens, positions, slots, mask = _dummy_inputs(k, dev)
-                self.draft(drafter, tokens, torch.zeros(1, k, width, dtype=model.dtype, device=dev), positions,
-                           slots, mask, dcache)
+                self.warm_rows(model, None, cache, None, cache.max_len, None, ())
+            else:
+                size, dsize = spec_cache_sizes(model, prompt_len, max_new_tokens, [spec])
+                cache = model.new_cache(1, size)
+                self.warm_rows(model, drafter, cache, drafter.new_cache(dsize), cache.max_len, spec, None)
         return len(self.compiled) - before
 
-    def _dummy_target(self, model: Transformer, cache: KVCache, T: int, taps: tuple[int, ...]) -> None:
-        tokens, positions, slots, mask = _dummy_inputs(T, model.device)
-        self(model, tokens, positions, slots, mask, cache, taps)
+    def warm_rows(self, model: Transformer, drafter: Any, cache: KVCache, dcache: KVCache | None, span: int,
+                  spec: SpecConfig | None, plain: tuple[int, ...] | None, catch_up: bool = False) -> None:
+        """One call of every step that rows decoding over ``cache`` (a request's own cache, or a
+        pool's first rows) with contexts of up to ``span`` keys make: a plain step with the target's
+        taps ``plain`` (None: no plain steps); with ``spec``, a verify and the drafter's steps over
+        ``dcache`` (re-extends of 1 to depth + 1 tokens, or with ``catch_up`` of every token bucket:
+        the pairs plain steps left pending; tree levels). Each compiles (or loads) its graph if it has
+        none. The calls write their scratch keys at slots 0.. of the rows: call it on caches no
+        request holds yet."""
+        B = cache.batch_size
+        with torch.inference_mode():
+            if plain is not None:
+                self(model, *_dummy_inputs(B, 1, span, model.device), cache, plain)
+            if spec is None:
+                return
+            assert dcache is not None, "speculative steps draft over a drafter's cache"
+            taps = tuple(drafter.config.aux_layer_ids)
+            self(model, *_dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
+            width = len(taps) * model.config.hidden_size
+            extends = TOKEN_BUCKETS if catch_up else {bucket(t, TOKEN_BUCKETS) for t in range(1, spec.max_depth + 2)}
+            calls = [(t, width) for t in sorted(extends) if t <= self.max_tokens]
+            if spec.num_steps > 1:
+                calls.append((spec.topk, drafter.config.hidden_size))
+            for t, w in calls:
+                hidden = torch.zeros(B, t, w, dtype=model.dtype, device=model.device)
+                tokens, positions, slots, mask = _dummy_inputs(B, t, min(span, dcache.max_len), model.device)
+                self.draft(drafter, tokens, hidden, positions, slots, mask, dcache)
 
 
-def _dummy_inputs(T: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Tokens, positions and slots 0..T-1 with a causal mask: a call of T tokens at the start of a cache."""
-    ids = torch.arange(T, device=device)[None]
-    return ids, ids, ids, torch.ones(T, T, dtype=torch.bool, device=device).tril().view(1, 1, T, T)
+def _dummy_inputs(B: int, T: int, S: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """B rows of T tokens at positions and slots 0..T-1 of their caches, attending causally within
+    them, with a mask S keys wide (a pool's steps are given the span their longest row needs)."""
+    ids = torch.arange(T, device=device)[None].expand(B, T).contiguous()
+    mask = torch.zeros(B, 1, T, max(S, T), dtype=torch.bool, device=device)
+    mask[..., :T] = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return ids, ids, ids, mask
 
 
 def _pad_rows(x: Tensor, Bp: int, Tp: int, at: int = 0) -> Tensor:

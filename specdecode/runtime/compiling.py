@@ -6,11 +6,13 @@ freezing, then kept as a package per bucket in ``$SPECDECODE_CACHE/graphs/<weigh
 (``PackageStore``): any later process on this machine loads it in under a second. On CUDA the
 steps go through ``torch.compile`` (CUDA graphs), captured in each process.
 
-``--compile auto`` (the default) builds graphs for the jobs that run for hours (``serve``, ``data
-build``: ``RuntimeConfig.long_running``). ``generate`` runs the graphs already stored for these
-weights and this machine (``specdecode compile`` builds them: ``precompile``) and every other shape
-eager; with none stored it stays eager, as building one costs more than a generation saves. ``bench``
-and ``sweep`` measure what they are told (``--compile on``, or a method's ``compile=on``).
+``--compile auto`` (the default) builds graphs at first use for the batch job that runs for hours
+(``data build``: ``RuntimeConfig.long_running``). ``generate`` and ``serve`` run the graphs already
+stored for these weights and this machine (``specdecode compile [--serve]`` builds them:
+``precompile``, ``core.batching.BatchEngine.warm``) and every other shape eager; with none stored
+they stay eager: building one costs more than a generation saves, and in a server every running
+request would wait for it. ``serve --compile on`` builds its missing graphs before serving, and none
+after. ``bench`` and ``sweep`` measure what they are told (``--compile on``, or a method's ``compile=on``).
 ``on``/``off`` decide. Tensor parallelism stays eager (its all-reduce sits inside every layer).
 
 Why packages: through ``torch.compile`` every process traced each graph again. Measured on a
@@ -40,7 +42,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import specdecode.core as core_package
-from specdecode.core.compiled import MIN_SPAN, CompiledSteps, GraphKey, check_compile_mode
+from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
+from specdecode.core.compiled import CompiledSteps, GraphKey, check_compile_mode, span_buckets, use_steps
 from specdecode.core.model import Transformer
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.paths import cache_root
@@ -251,27 +254,16 @@ class Precompiled:
     disk_bytes: int
 
 
-def request_sizes(max_len: int, limit: int) -> list[int]:
-    """The cache sizes (``CompiledSteps.capacity``) requests of up to ``max_len`` tokens get."""
-    sizes, size = [], MIN_SPAN
-    while True:
-        sizes.append(min(size, limit))
-        if size >= min(max_len, limit):
-            return sizes
-        size *= 2
-
-
 def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: SpecConfig | None, max_len: int,
                on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) every graph one request of up to ``max_len`` tokens needs: plain
     decoding (``spec`` None), or EAGLE-3 with ``drafter`` and ``spec`` (verify, re-extend and tree
     steps; the draft cache in both sizes a target cache size may come with). ``on_size(i, n)``
     hears progress by cache size. ``steps`` must build (``build=True``) into a store."""
-    if steps.store is None or not steps.build:
-        raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
-    built0, loaded0 = len(steps.compiled), len(steps.loaded)
+    built0, loaded0 = _check_builds(steps)
     margin = spec.num_draft_tokens if spec is not None else 0  # a verified tree past the last new token
-    sizes = request_sizes(max_len + margin, model.config.max_position_embeddings)
+    context = model.config.max_position_embeddings
+    sizes = span_buckets(max_len + margin, context)
     for i, size in enumerate(sizes):
         if on_size is not None:
             on_size(i, len(sizes))
@@ -285,8 +277,39 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
                 steps.warm(model, drafter, 1, n, spec)
     if on_size is not None:
         on_size(len(sizes), len(sizes))
+    return _precompiled(steps, (model, drafter), built0, loaded0, sizes)
+
+
+def precompile_pool(session: Session, decode: Any, batch: BatchConfig, max_len: int,
+                    on_size: Callable[[int, int], None] | None = None) -> Precompiled:
+    """Build (or find stored) the graphs ``serve`` runs with ``decode`` and ``batch``
+    (``BatchEngine.warm``): every batch size bucket up to the slots, attention spans up to
+    ``max_len``. ``on_size(i, n)`` hears progress by span."""
+    steps = session.compiled
+    if steps is None:
+        raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
+    built0, loaded0 = _check_builds(steps)
+    if not isinstance(decode, BatchableDecoder):
+        raise ValueError("this decoder is served one request at a time, not in a batch: `specdecode compile` "
+                         "without --serve builds its graphs")
+    model = session.loaded.model
+    with use_steps((model, decode.drafter), steps):  # installed for this call (the session's already are)
+        engine = BatchEngine(model, session.loaded.tokenizer, decode.drafter, decode.spec, batch)
+        engine.warm(max_len, on_size)
+        sizes = span_buckets(max_len, engine.tpool.max_len)
+    return _precompiled(steps, (model, decode.drafter), built0, loaded0, sizes)
+
+
+def _check_builds(steps: CompiledSteps) -> tuple[int, int]:
+    if steps.store is None or not steps.build:
+        raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
+    return len(steps.compiled), len(steps.loaded)
+
+
+def _precompiled(steps: CompiledSteps, modules: tuple[Any, ...], built0: int, loaded0: int,
+                 sizes: list[int]) -> Precompiled:
     store = cast(PackageStore, steps.store)
-    dirs = sorted({store.root / store.identity(m) for m in (model, drafter) if m is not None})
+    dirs = sorted({store.root / store.identity(m) for m in modules if m is not None})
     disk = sum(f.stat().st_size for d in dirs if d.is_dir() for f in d.glob("*.pt2"))
     return Precompiled(steps.compiled[built0:], len(steps.loaded) - loaded0, sizes, dirs, disk)
 

@@ -39,8 +39,9 @@ class RuntimeConfig:
     weights: str = AUTO  # runtime.weights.WEIGHT_FORMATS (native, int8, q4) or auto
     kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
     compile: str = "auto"  # core.compiled.COMPILE_MODES: decode/verify steps compiled (runtime.compiling)
-    long_running: bool = False  # serve, data build: what --compile auto compiles for
-    stored_graphs: bool = False  # generate: --compile auto runs the graphs stored for this machine (specdecode compile)
+    long_running: bool = False  # data build: what --compile auto compiles for (at first use)
+    # generate, serve: --compile auto runs the graphs stored for this machine (specdecode compile)
+    stored_graphs: bool = False
 
     @property
     def is_default_model(self) -> bool:

@@ -23,9 +23,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
+from specdecode.core.compiled import CompiledSteps
 from specdecode.core.engine import Engine, TokenDecoder
 from specdecode.io.loading import LoadedModel
-from specdecode.serving.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
+from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import APIError, install_error_handlers
 from specdecode.serving.handlers import ServerState, generate
 from specdecode.serving.metrics import Metrics, report_periodically
@@ -70,6 +71,39 @@ class _CountRequests:
 CALIBRATION_CHAT = [{"role": "user", "content": "Explain in a few sentences how a bicycle stays upright."}]
 
 
+def _warm(batcher: BatchEngine, max_len: int | None) -> None:
+    """Compiled steps: every decode-step graph of the pool loaded (or, --compile on, built) now, for
+    contexts up to ``max_len``; then nothing more compiles while serving (a shape not warmed runs eager:
+    on 2 CPU cores a target graph takes 1.5 minutes to build, which every running request would wait)."""
+    steps = batcher.steps
+    if not isinstance(steps, CompiledSteps):
+        return
+    t0 = time.perf_counter()
+    loaded0, graphs0 = len(steps.loaded), len(steps.graphs)
+    log.info("compiled steps: %s graphs for batches of up to %d requests, contexts up to %d tokens ...",
+             "building or loading" if steps.build else "loading the stored", batcher.config.slots,
+             min(max_len or batcher.limit, batcher.limit))
+    built = batcher.warm(max_len, seal=True)
+    loaded = len(steps.loaded) - loaded0
+    eager = len(steps.graphs) - graphs0 - loaded - built
+    log.info("compiled steps (%.1f s): %d graphs built, %d loaded, %d shapes eager%s; longer contexts and prefill "
+             "run eager", time.perf_counter() - t0, built, loaded, eager,
+             " (not stored: `specdecode compile --serve` with these flags, or serve --compile on, builds them)"
+             if eager else "")
+
+
+def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: int | None) -> None:
+    """Before the first request (which waits meanwhile): the compiled graphs, then the policy's timing."""
+    try:
+        _warm(batcher, compile_max_len)
+    except Exception:  # the server goes on with what was warmed; nothing more compiles while serving
+        log.exception("compiling the steps failed: the shapes not compiled run eager")
+        if isinstance(batcher.steps, CompiledSteps):
+            batcher.steps.build = False
+    if batcher.policy.name == "auto":
+        _calibrate(batcher, calibration_ids)
+
+
 def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
     t0 = time.perf_counter()
     log.info("spec policy auto: timing plain and speculative steps per batch size before serving ...")
@@ -83,10 +117,11 @@ def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
                log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None,
-               batch: BatchConfig = DEFAULT_BATCH) -> FastAPI:
+               batch: BatchConfig = DEFAULT_BATCH, compile_max_len: int | None = DEFAULT_COMPILE_MAX_LEN) -> FastAPI:
     """The FastAPI app around one model and decoder; the worker starts with the app's lifespan.
     The baseline and EAGLE-3 decoders run batched (``batch``: slots, tokens per slot, prefill
-    chunk, spec policy); ``engine``: anything with ``Engine.stream``'s signature to run one
+    chunk, spec policy), their compiled graphs loaded or built first (``compile_max_len``); ``engine``:
+    anything with ``Engine.stream``'s signature to run one
     request at a time instead (tensor parallel serving passes rank 0's ``tp.MirroredEngine``),
     as does any other decoder."""
     model = loaded.model
@@ -95,8 +130,7 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
     prepare = None
     if engine is None and isinstance(decoder, BatchableDecoder):  # it says what it drafts with
         batcher = BatchEngine(model, loaded.tokenizer, decoder.drafter, decoder.spec, batch)
-        if batcher.policy.name == "auto":
-            prepare = partial(_calibrate, batcher, loaded.tokenizer.encode_chat(CALIBRATION_CHAT))
+        prepare = partial(_prepare, batcher, loaded.tokenizer.encode_chat(CALIBRATION_CHAT), compile_max_len)
         context, margin = batcher.limit, batcher.margin
         log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, spec policy %s",
                  batch.slots, batcher.limit, batcher.pool_bytes() / 1e9, batcher.policy.name)

@@ -9,6 +9,8 @@ from specdecode.core.batching import BatchConfig
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_QUEUED = 256
+# contexts (tokens) the compiled graphs are made for before serving (`serve`, `specdecode compile`)
+DEFAULT_COMPILE_MAX_LEN = 1024
 
 
 @dataclass(frozen=True)
@@ -22,3 +24,6 @@ class ServeConfig:
     shutdown_timeout: float = 30.0  # seconds a shutdown waits for running requests
     log_interval: float = 10.0  # seconds between decode summaries in the log while busy
     batch: BatchConfig = field(default_factory=BatchConfig)  # continuous batching: slots, tokens, spec policy
+    # compiled steps: the graphs for contexts up to this many tokens are loaded (or, --compile on, built)
+    # before serving; longer contexts run eager (None: the slot limit)
+    compile_max_len: int | None = DEFAULT_COMPILE_MAX_LEN

@@ -49,7 +49,7 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
     mirrored = MirroredEngine(engine) if ranks > 1 else None
     app = create_app(loaded, decoder.decode, name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                      max_queued=config.max_queued, log_interval_s=config.log_interval, engine=mirrored,
-                     batch=config.batch)
+                     batch=config.batch, compile_max_len=config.compile_max_len)
     log.info("format: %s, %s weights (%s)", session.config.dtype, session.config.weights, session.format_reason)
     if decoder.choice is not None:
         log.info("%s", decoder.choice.summary())

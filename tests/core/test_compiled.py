@@ -127,3 +127,51 @@ def test_training_mode_stays_eager():
     with torch.inference_mode():
         assert steps.serves(1, 16) and not steps.serves(1, 17)
 
+
+
+class RecordingStore:
+    """A ``GraphStore`` whose 'build' is the step itself, run eager: which graphs were asked for, at
+    no compile cost (what a real store builds is tested in tests/runtime/test_compiling.py)."""
+
+    def __init__(self) -> None:
+        self.built: list = []
+
+    def load(self, module, key):
+        return None
+
+    def build(self, module, key, step, args):
+        self.built.append(key)
+        return step
+
+
+@pytest.mark.parametrize("policy, invariant", [("never", False), ("always", False), ("auto", False),
+                                               ("always", True)])
+def test_a_warmed_pool_runs_every_decode_step_on_a_warmed_graph(model, drafter, prompts, policy, invariant):
+    """``BatchEngine.warm`` builds every graph the pool's decode steps then use (every batch size,
+    span, plain and speculative step, catch-up extends under 'auto'), and after ``seal`` nothing is
+    built: a server's requests never wait for the compiler. Tokens as eager, float64."""
+    options = GenerateOptions(max_new_tokens=24, stop_token_ids=())
+    alone = [Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(p, options).token_ids for p in prompts]
+    store = RecordingStore()
+    steps = CompiledSteps(store=store)
+    with use_steps((model, drafter), steps):
+        engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=3, slot_tokens=512, spec_policy=policy,
+                                                                      batch_invariant=invariant))
+        built = engine.warm(512, seal=True)
+        warmed = set(store.built)
+        assert built == len(warmed) == len(steps.compiled) and not engine.steps.build
+        assert {k.rows for k in warmed} == ({3} if invariant else {1, 2, 3})
+        assert {k.span for k in warmed} == {256, 512}
+        engine.calibrate(prompts[0])
+        got, _ = run_all(engine, prompts, options)
+    assert [got[i] for i in range(len(prompts))] == alone
+    assert set(steps.graphs) == warmed and len(store.built) == built  # no shape outside the warmed ones
+    kinds = {k.kind for k in warmed}
+    assert any(k.startswith("draft") for k in kinds) == (policy != "never")
+    assert ("target[]" in kinds) == (policy == "never")
+    assert engine.warm(512) == 0  # warmed again: every graph is there
+
+
+def test_warm_is_a_no_op_on_eager_steps_and_with_requests(model, drafter, prompts):
+    engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=2, slot_tokens=512))
+    assert engine.warm() == 0  # no compiled steps

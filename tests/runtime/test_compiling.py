@@ -10,6 +10,7 @@ import random
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,17 @@ import torch
 from specdecode.bench.methods import build_method
 from specdecode.cli.common import runtime_config
 from specdecode.cli.main import build_parser, main
-from specdecode.core.compiled import CompiledSteps, use_steps
+from specdecode.core.batching import BatchConfig
+from specdecode.core.compiled import CompiledSteps, span_buckets, use_steps
 from specdecode.core.drafter import random_drafter
+from specdecode.core.engine import baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.compiling import (
     PackageStore,
     code_identity,
     precompile,
-    request_sizes,
+    precompile_pool,
     resolve_compile,
     stored_steps,
 )
@@ -58,12 +61,14 @@ def test_auto_compiles_long_running_jobs_only():
         resolve_compile("yes", True, 1)
 
 
-@pytest.mark.parametrize("argv, long_running", [(["serve"], True), (["data", "build", "--out", "o", "--prompts", "p"],
-                                                                     True),
-                                                 (["generate", "hi"], False), (["bench"], False), (["sweep"], False)])
-def test_every_command_parses_the_flag(argv, long_running):
+@pytest.mark.parametrize("argv, long_running, stored", [
+    (["serve"], False, True), (["data", "build", "--out", "o", "--prompts", "p"], True, False),
+    (["generate", "hi"], False, True), (["bench"], False, False), (["sweep"], False, False)])
+def test_every_command_parses_the_flag(argv, long_running, stored):
+    """auto: data build compiles at first use; generate and serve run the stored graphs (serve loads
+    them all before the first request, ``compile --serve`` builds them); bench and sweep say per method."""
     config = runtime_config(build_parser().parse_args(argv))
-    assert (config.compile, config.long_running) == ("auto", long_running)
+    assert (config.compile, config.long_running, config.stored_graphs) == ("auto", long_running, stored)
     assert runtime_config(build_parser().parse_args([*argv, "--compile", "on"])).compile == "on"
 
 
@@ -76,6 +81,24 @@ def test_bench_method_compile_parameter_is_checked(tiny_session):
     compiled = build_method("baseline:compile=on", tiny_session)
     assert eager.steps is None and compiled.steps is tiny_session.compiled is not None
     assert tiny_session.loaded.model.steps is None  # made for the method, not installed
+
+
+def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
+    """``compile --serve``: the pool's graphs built into the store (here one: plain steps, one row, one
+    span) and found there the second time; a decoder serve does not batch, or no store, is refused."""
+    batch = BatchConfig(slots=1, slot_tokens=256)
+    with pytest.raises(ValueError, match="build into a store"):
+        precompile_pool(tiny_session, baseline_decode, batch, 256)
+    session = replace(tiny_session, compiled=CompiledSteps(store=PackageStore(tmp_path)))
+    with pytest.raises(ValueError, match="served one request at a time"):
+        precompile_pool(session, object(), batch, 256)
+    heard: list[tuple[int, int]] = []
+    first = precompile_pool(session, baseline_decode, batch, 256, lambda i, n: heard.append((i, n)))
+    assert [(k.kind, k.rows, k.tokens, k.span) for k, _ in first.built] == [("target[]", 1, 1, 256)]
+    assert first.loaded == 0 and first.sizes == [256] and heard == [(0, 1), (1, 1)] and first.disk_bytes > 0
+    again = precompile_pool(replace(session, compiled=CompiledSteps(store=PackageStore(tmp_path))), baseline_decode,
+                            batch, 256)
+    assert again.built == [] and again.loaded == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA device is visible")
@@ -167,8 +190,9 @@ def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_p
 
 
 def test_precompile_needs_a_store_and_covers_every_cache_size():
-    assert request_sizes(1024, 8192) == [256, 512, 1024] and request_sizes(100, 8192) == [256]
-    assert request_sizes(3000, 2048) == [256, 512, 1024, 2048]
+    assert span_buckets(1024, 8192) == [256, 512, 1024] and span_buckets(100, 8192) == [256]
+    assert span_buckets(3000, 2048) == [256, 512, 1024, 2048]
+    assert span_buckets(1024, 1000) == [256, 512, 1000]
     assert code_identity() == code_identity() and len(code_identity()) == 16
     with pytest.raises(ValueError, match="build into a store"):
         precompile(tiny_model(), CompiledSteps(), None, None, 256)
