@@ -325,6 +325,7 @@ class BatchEngine:
                 steps.build = False
             return len(steps.compiled) - before
 
+    @torch.inference_mode()  # as ``step``: else the model's compiled steps stand aside and eager ones are timed
     def calibrate(self, prompt_ids: Sequence[int], steps: int = CALIBRATION_STEPS) -> dict[int, bool]:
         """'auto': time plain and speculative steps (alternating, the median of ``steps`` each) at every
         batch size bucket up to the slots, on rows that all decode ``prompt_ids`` (greedy), and fix the

@@ -110,7 +110,8 @@ def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
     chosen = batcher.calibrate(prompt_ids)
     rates = batcher.policy.calibrated_rates
     log.info("spec policy auto (%.1f s): %s", time.perf_counter() - t0, ", ".join(
-        f"batch {b}: {'speculative' if spec else 'plain'} ({rates[b][0]:.0f} vs {rates[b][1]:.0f} tok/s)"
+        f"batch {b}: {'speculative' if spec else 'plain'} "
+        f"(speculative {rates[b][0]:.0f}, plain {rates[b][1]:.0f} tok/s)"
         for b, spec in sorted(chosen.items())))
 
 
@@ -191,6 +192,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def health():
         if state.scheduler.closing:
             return JSONResponse({"status": "shutting down"}, status_code=503)
+        if not state.scheduler.ready:  # a load balancer sends nothing yet; a request sent anyway waits in the queue
+            return JSONResponse({"status": "starting: loading compiled graphs and timing the spec policy"},
+                                status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics", dependencies=protected)

@@ -158,12 +158,18 @@ class Scheduler:
         self._gone: list[Job] = []  # running jobs whose clients left: removed before the next step
         self._request_s = 0.0  # moving average of a request's time in the batch (for Retry-After)
         self._closing = False
+        self._ready = threading.Event()  # set once ``prepare`` has run: /health says "starting" until then
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._work, name="specdecode-worker", daemon=True)
 
     @property
     def closing(self) -> bool:
         return self._closing
+
+    @property
+    def ready(self) -> bool:
+        """Prepared (compiled graphs loaded, spec policy timed): requests no longer wait for that."""
+        return self._ready.is_set()
 
     def load(self) -> tuple[int, int]:
         """(running, queued)."""
@@ -253,6 +259,7 @@ class Scheduler:
                 self.prepare()  # requests arriving meanwhile wait in the queue
             except Exception:  # a failed calibration leaves the policy's default; the server goes on
                 log.exception("preparing the batch (spec policy calibration) failed")
+        self._ready.set()
         while (admitted := self._admit()) is not None:
             gone, joined = admitted
             for job in gone:

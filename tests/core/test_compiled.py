@@ -6,12 +6,13 @@ model, shapes chosen to land in the same buckets."""
 
 from __future__ import annotations
 
+import collections
 import random
 
 import pytest
 import torch
 
-from specdecode.core.batching import BatchConfig, BatchEngine
+from specdecode.core.batching import CALIBRATION_STEPS, BatchConfig, BatchEngine
 from specdecode.core.compiled import MIN_SPAN, CompiledSteps, bucket, check_compile_mode, span_bucket, use_steps
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import Engine, GenerateOptions
@@ -135,13 +136,18 @@ class RecordingStore:
 
     def __init__(self) -> None:
         self.built: list = []
+        self.calls: collections.Counter = collections.Counter()  # key -> calls of its graph
 
     def load(self, module, key):
         return None
 
     def build(self, module, key, step, args):
         self.built.append(key)
-        return step
+
+        def graph(*a):
+            self.calls[key] += 1
+            return step(*a)
+        return graph
 
 
 @pytest.mark.parametrize("policy, invariant", [("never", False), ("always", False), ("auto", False),
@@ -162,7 +168,11 @@ def test_a_warmed_pool_runs_every_decode_step_on_a_warmed_graph(model, drafter, 
         assert built == len(warmed) == len(steps.compiled) and not engine.steps.build
         assert {k.rows for k in warmed} == ({3} if invariant else {1, 2, 3})
         assert {k.span for k in warmed} == {256, 512}
+        store.calls.clear()
         engine.calibrate(prompts[0])
+        if policy == "auto":  # both modes timed on the graphs they will run on, not eager
+            timed = {k.kind[:5] for k in store.calls}
+            assert timed == {"targe", "draft"} and sum(store.calls.values()) > 4 * CALIBRATION_STEPS
         got, _ = run_all(engine, prompts, options)
     assert [got[i] for i in range(len(prompts))] == alone
     assert set(steps.graphs) == warmed and len(store.built) == built  # no shape outside the warmed ones

@@ -5,6 +5,7 @@ a damaged one said and left to eager, ``generate --compile auto`` using them."""
 
 from __future__ import annotations
 
+import ast
 import os
 import random
 import shutil
@@ -26,6 +27,7 @@ from specdecode.core.engine import baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.compiling import (
+    TRACED_MODULES,
     PackageStore,
     code_identity,
     precompile,
@@ -194,6 +196,27 @@ def test_precompile_needs_a_store_and_covers_every_cache_size():
     assert span_buckets(3000, 2048) == [256, 512, 1024, 2048]
     assert span_buckets(1024, 1000) == [256, 512, 1000]
     assert code_identity() == code_identity() and len(code_identity()) == 16
+
+
+def test_the_code_identity_covers_what_the_steps_import():
+    """Every module of specdecode.core that the traced modules import (the step code's closure) is
+    hashed into a graph's identity, so a change to it never loads a stale graph. compiled.py's own
+    imports of the engine and the speculative cycle serve ``warm`` and the types, not a traced step."""
+    core = ROOT / "specdecode" / "core"
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((core / f"{name}.py").read_text())
+        return {node.module.rsplit(".", 1)[1] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module and node.module.startswith("specdecode.core.")}
+
+    todo, seen = [m for m in TRACED_MODULES if m != "compiled"], set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(imports(name))
+    assert seen <= set(TRACED_MODULES), f"traced code imports {sorted(seen - set(TRACED_MODULES))}: add them"
+    assert imports("compiled") - set(TRACED_MODULES) == {"engine", "speculative"}  # not traced: warm, types
     with pytest.raises(ValueError, match="build into a store"):
         precompile(tiny_model(), CompiledSteps(), None, None, 256)
     assert main(["compile", "--compile", "off"]) == 2

@@ -26,7 +26,8 @@ MSG = [{"role": "user", "content": "hi"}]
 class Running:
     """A uvicorn server in a background thread on a free loopback port."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, ready: bool = True) -> None:
+        """``ready``: return once the worker has prepared (/health answers ok), not only once it listens."""
         self.app = app
         self.server = make_server(app, "127.0.0.1", 0, shutdown_timeout_s=10, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -37,6 +38,9 @@ class Running:
             time.sleep(0.01)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+        while ready and not app.state.server.scheduler.ready:
+            assert self.thread.is_alive() and time.monotonic() < deadline + 40, "the server did not get ready"
+            time.sleep(0.01)
 
     def stop(self) -> None:
         self.server.should_exit = True

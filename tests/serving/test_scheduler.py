@@ -302,3 +302,30 @@ def test_compiled_steps_are_warmed_before_the_first_request_and_nothing_compiles
     assert not steps.build and set(steps.graphs) == warmed  # every step ran on a warmed graph
     assert any(f"{len(warmed)} graphs built, 0 loaded, 0 shapes eager" in r.getMessage() for r in caplog.records)
     assert texts[0] == texts[1] == expected(loaded, decoder, loaded.tokenizer.encode("Tell me a story"), 12).text
+
+
+def test_health_says_starting_until_prepared_and_a_request_sent_meanwhile_waits(loaded):
+    """/health is 503 "starting" while the worker prepares (compiled graphs, spec policy timing), so a
+    load balancer sends nothing yet; a request sent anyway waits in the queue and is answered after."""
+    app = create_app(loaded, baseline_decode, NAME, batch=BatchConfig(slots=1))
+    scheduler = app.state.server.scheduler
+    release = threading.Event()
+    prepare = scheduler.prepare
+    scheduler.prepare = lambda: (release.wait(30), prepare())
+    running = Running(app, ready=False)
+    statuses: list[int] = []
+    try:
+        health = httpx.get(running.url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json()["status"].startswith("starting")
+        body = {"model": NAME, "prompt": "Hi", "max_tokens": 3, "temperature": 0}
+        asking = threading.Thread(target=lambda: statuses.append(
+            httpx.post(running.url + COMPLETIONS, timeout=60, json=body).status_code))
+        asking.start()
+        time.sleep(0.3)
+        assert statuses == [] and scheduler.load() == (0, 1)  # queued, not refused
+        release.set()
+        asking.join(60)
+        assert statuses == [200] and httpx.get(running.url + "/health", timeout=10).json() == {"status": "ok"}
+    finally:
+        release.set()
+        running.stop()
