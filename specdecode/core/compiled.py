@@ -68,6 +68,23 @@ def span_bucket(span: int, limit: int) -> int:
     return min(s, limit)
 
 
+def inductor_packs(dtype: torch.dtype, device_type: str) -> bool:
+    """Whether inductor's freezing packs a plain linear layer of ``dtype`` for oneDNN; where it does not
+    (bf16 on a CPU without bf16 instructions: ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False),
+    a graph runs aten's matmul where the eager kernel plan chose oneDNN. A drafter's layers are plain
+    (never quantized), so its steps then run eager: on a 2-core AVX2-only EPYC (ad-hoc ``generate
+    --profile``, bf16, 128 tokens) its graphs took 2.97 ms per cycle for the draft steps against 2.08
+    eager and 5.46 for the re-extend against 2.52. The target's 4-bit and int8 kernels are ops the
+    graph keeps, so it compiles regardless."""
+    if device_type != "cpu":
+        return True
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return True
+
+
 def span_buckets(max_len: int, limit: int) -> list[int]:
     """Every span a context of up to ``max_len`` tokens may be given (``span_bucket``) in a cache of
     ``limit`` tokens: MIN_SPAN, twice that, ... up to the first that holds ``max_len``, at most ``limit``."""
@@ -143,8 +160,10 @@ class CompiledSteps:
     compiled: list[tuple[GraphKey, float]] = field(default_factory=list)  # (key, seconds) in order
     loaded: list[GraphKey] = field(default_factory=list)  # graphs taken from the store, in order
 
-    def serves(self, batch: int, tokens: int) -> bool:
-        return tokens <= self.max_tokens and not torch.is_grad_enabled()
+    def serves(self, batch: int, tokens: int, drafter: Any = None) -> bool:
+        """Whether a call of ``tokens`` per row runs here (a ``drafter``'s: where its graphs pay)."""
+        return (tokens <= self.max_tokens and not torch.is_grad_enabled()
+                and (drafter is None or inductor_packs(drafter.dtype, self.device_type)))
 
     def capacity(self, max_len: int) -> int:
         """A cache's size rounded up to a span bucket, so requests of similar lengths share graphs."""
@@ -267,6 +286,8 @@ class CompiledSteps:
             assert dcache is not None, "speculative steps draft over a drafter's cache"
             taps = tuple(drafter.config.aux_layer_ids)
             self(model, *_dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
+            if not inductor_packs(drafter.dtype, self.device_type):
+                return  # its steps run eager (``serves``)
             width = len(taps) * model.config.hidden_size
             extends = TOKEN_BUCKETS if catch_up else {bucket(t, TOKEN_BUCKETS) for t in range(1, spec.max_depth + 2)}
             calls = [(t, width) for t in sorted(extends) if t <= self.max_tokens]

@@ -102,7 +102,7 @@ class Eagle3Drafter(nn.Module):
         cache slots with a [B, T, S] mask, as in ``Transformer.forward`` (and, as there, calls of
         few tokens run compiled when ``self.steps`` is set)."""
         B, T = tokens.shape
-        compiled = self.steps is not None and self.steps.serves(B, T)
+        compiled = self.steps is not None and self.steps.serves(B, T, self)
         start, mask = resolve_call(cache, B, T, attention_mask, slots, compiled, tokens.device, "draft cache")
         if positions.dim() == 1:
             positions = positions.expand(B, T)

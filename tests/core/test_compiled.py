@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+import specdecode.core.compiled as compiled_module
 from specdecode.core.batching import CALIBRATION_STEPS, BatchConfig, BatchEngine
 from specdecode.core.compiled import MIN_SPAN, CompiledSteps, bucket, check_compile_mode, span_bucket, use_steps
 from specdecode.core.drafter import random_drafter
@@ -185,3 +186,26 @@ def test_a_warmed_pool_runs_every_decode_step_on_a_warmed_graph(model, drafter, 
 def test_warm_is_a_no_op_on_eager_steps_and_with_requests(model, drafter, prompts):
     engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=2, slot_tokens=512))
     assert engine.warm() == 0  # no compiled steps
+
+
+def test_inductor_packs_follows_onednn_support():
+    assert compiled_module.inductor_packs(torch.float32, "cpu") and compiled_module.inductor_packs(torch.float64, "cpu")
+    assert compiled_module.inductor_packs(torch.bfloat16, "cuda")
+    assert compiled_module.inductor_packs(torch.bfloat16, "cpu") == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def test_a_drafter_whose_layers_inductor_cannot_pack_drafts_eager(model, drafter, prompts, monkeypatch):
+    """Where inductor would run a drafter's linear layers as aten matmuls (bf16 on a CPU without bf16),
+    its steps stay eager: no draft graph is warmed or built, the target's still are; tokens as eager."""
+    monkeypatch.setattr(compiled_module, "inductor_packs", lambda dtype, device_type: False)
+    options = GenerateOptions(max_new_tokens=24, stop_token_ids=())
+    alone = [Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(p, options).token_ids for p in prompts[:2]]
+    store = RecordingStore()
+    steps = CompiledSteps(store=store)
+    with use_steps((model, drafter), steps):
+        engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=2, slot_tokens=512, spec_policy="always"))
+        assert engine.warm(512, seal=True) > 0
+        got, _ = run_all(engine, prompts[:2], options)
+        single = Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(prompts[0], options).token_ids
+    assert [got[i] for i in range(2)] == alone and single == alone[0]
+    assert store.built and all(k.kind.startswith("target") for k in steps.graphs)
