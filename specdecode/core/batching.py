@@ -296,7 +296,7 @@ class BatchEngine:
         compile nothing more (a shape not warmed runs its padded step eager), so that no request of a
         server waits minutes for the compiler. Call it before any request, on the thread that steps;
         returns how many graphs were compiled (0: eager steps)."""
-        from specdecode.core.compiled import ROW_BUCKETS, CompiledSteps, bucket, span_buckets
+        from specdecode.core.compiled import CompiledSteps, padded_rows, span_buckets
 
         with self._own_steps():
             steps = self.model.steps
@@ -306,8 +306,7 @@ class BatchEngine:
             assert self._pools is not None
             tpool, dpool = self._pools
             slots = self.config.slots
-            sizes = [slots] if steps.fixed_rows else sorted({min(bucket(b, ROW_BUCKETS), slots)
-                                                            for b in range(1, slots + 1)})
+            sizes = [slots] if steps.fixed_rows else sorted({padded_rows(b, slots) for b in range(1, slots + 1)})
             spans = span_buckets(max_len or self.limit, tpool.max_len)
             plain = None if self.policy.name == "always" else self._aux()
             spec = self.spec if self.drafting else None

@@ -26,6 +26,7 @@ and runs the other buckets' padded steps eager (``generate --compile auto``).
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 from bisect import bisect_left
@@ -68,6 +69,7 @@ def span_bucket(span: int, limit: int) -> int:
     return min(s, limit)
 
 
+@functools.cache  # asked at every draft call: the answer is the machine's
 def inductor_packs(dtype: torch.dtype, device_type: str) -> bool:
     """Whether inductor's freezing packs a plain linear layer of ``dtype`` for oneDNN; where it does not
     (bf16 on a CPU without bf16 instructions: ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False),
@@ -83,6 +85,11 @@ def inductor_packs(dtype: torch.dtype, device_type: str) -> bool:
     if dtype == torch.float16:
         return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
     return True
+
+
+def padded_rows(rows: int, room: int) -> int:
+    """The rows a step of ``rows`` runs (a ROW_BUCKETS size), as far as the ``room`` the pool has."""
+    return max(rows, min(bucket(rows, ROW_BUCKETS), room))
 
 
 def span_buckets(max_len: int, limit: int) -> list[int]:
@@ -192,7 +199,7 @@ class CompiledSteps:
         if self.fixed_rows:  # the whole pool, these rows at their own place in it
             Bp, at = pool.batch_size, row0
         else:
-            Bp, at = max(B, min(bucket(B, ROW_BUCKETS), pool.batch_size - row0)), 0  # padding: the pool's next rows
+            Bp, at = padded_rows(B, pool.batch_size - row0), 0  # padding: the pool's next rows
         Tp = bucket(T, TOKEN_BUCKETS)
         # A request's own cache is sized to a bucket (capacity()) and attended over whole: one graph per
         # cache size. A pool (continuous batching) is as long as the longest request allowed, so its
