@@ -8,6 +8,9 @@
 #      machine weighs on every server alike; each server's startup log (server-NAME-rK.log) says how long
 #      loading its graphs took;
 #   3. the table (benchmarks/serving_table.py: the median over rounds, total tok/s against llama-server).
+# Servers (SERVERS, in this order in odd rounds): llama-server (its prompt cache on, its default), serve-eager
+# (--compile off), serve-compiled (stored graphs; the prefix cache on, the default) and serve-compiled-noprefix
+# (--prefix-cache-tokens 0: what the prefix cache is worth, the c=4 round repeating the prompts c=1 sent).
 # Needs llama-server (SPECDECODE_LLAMA_SERVER=PATH, the [llamacpp] extra, or $PATH; without it that row is left
 # out). Nothing else may run meanwhile (the build alone takes most of an hour on 2 cores). A step whose result
 # exists is skipped: delete it (or the directory) to measure again.
@@ -41,10 +44,11 @@ start() {  # NAME LOG: start the server NAME in the background, its pid in $pid
                 --engine-args "-c $((SLOTS * 1024)) --no-webui" > "$2" 2>&1 & ;;
         serve-eager) $SD serve "${BATCH[@]}" --port "$PORT" --compile off > "$2" 2>&1 & ;;
         serve-compiled) $SD serve "${BATCH[@]}" --port "$PORT" > "$2" 2>&1 & ;;  # --compile auto: stored graphs
+        serve-compiled-noprefix) $SD serve "${BATCH[@]}" --port "$PORT" --prefix-cache-tokens 0 > "$2" 2>&1 & ;;
     esac
     pid=$!
 }
-ORDER=(llama-server serve-eager serve-compiled)
+read -r -a ORDER <<< "${SERVERS:-llama-server serve-eager serve-compiled serve-compiled-noprefix}"
 for round in $(seq 1 "$ROUNDS"); do
     names=("${ORDER[@]}")
     if [ $((round % 2)) = 0 ]; then names=(); for ((i = ${#ORDER[@]} - 1; i >= 0; i--)); do names+=("${ORDER[i]}"); done; fi

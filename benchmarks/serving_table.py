@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 POLICIES = ("never", "always", "auto")
-NUMBERS = ("total_tok_s", "request_tok_s", "ttft_ms", "tpot_ms", "accept_length")
+NUMBERS = ("total_tok_s", "request_tok_s", "ttft_ms", "tpot_ms", "accept_length", "cached_pct")
 
 
 def rows(directory: Path, vs: str | None = None) -> list[dict]:
@@ -33,7 +33,9 @@ def rows(directory: Path, vs: str | None = None) -> list[dict]:
             "ok": run["ok"], "requests": run["requests"], "total_tok_s": run["output_tok_per_s"],
             "request_tok_s": run["request_tok_per_s_median"], "ttft_ms": run["ttft_ms_median"],
             "tpot_ms": run["tpot_ms_median"], "accept_length": spec.get("accept_length"),
-            "completion_tokens": run["completion_tokens"]})
+            "completion_tokens": run["completion_tokens"],
+            "cached_pct": (100 * run["cached_prompt_tokens"] / run["prompt_tokens"]
+                           if run.get("cached_prompt_tokens") is not None and run.get("prompt_tokens") else None)})
     out = []
     for (name, concurrency), found in runs.items():
         row = {"policy": name, "concurrency": concurrency, "rounds": len(found),
@@ -60,14 +62,14 @@ def markdown(table: list[dict], vs: str | None = None) -> str:
 
     extra = f" x {vs} |" if vs else ""
     lines = ["| server / policy | concurrency | rounds | ok | total tok/s | x c1 |" + extra + " per-request tok/s | "
-             "TTFT ms | TTFT x c1 | TPOT ms | accept len |",
-             "|---|---:|---:|---:|---:|---:|" + ("---:|" if vs else "") + "---:|---:|---:|---:|---:|"]
+             "TTFT ms | TTFT x c1 | TPOT ms | accept len | prompt cached % |",
+             "|---|---:|---:|---:|---:|---:|" + ("---:|" if vs else "") + "---:|---:|---:|---:|---:|---:|"]
     for r in table:
         ref = f" {f(r['total_vs_ref'], '.2f')} |" if vs else ""
         lines.append(f"| {r['policy']} | {r['concurrency']} | {r['rounds']} | {r['ok']}/{r['requests']} | "
                      f"{r['total_tok_s']:.1f} | {f(r['total_vs_c1'], '.2f')} |{ref} {r['request_tok_s']:.1f} | "
                      f"{r['ttft_ms']:.0f} | {f(r['ttft_vs_c1'], '.2f')} | {r['tpot_ms']:.1f} | "
-                     f"{f(r['accept_length'], '.2f')} |")
+                     f"{f(r['accept_length'], '.2f')} | {f(r['cached_pct'], '.0f')} |")
     return "\n".join(lines)
 
 

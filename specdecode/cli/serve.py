@@ -7,9 +7,11 @@ import argparse
 import importlib.util
 import logging
 import os
+from dataclasses import replace
 
 from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, notice, runtime_config
 from specdecode.core.batching import SPEC_POLICIES, BatchConfig
+from specdecode.core.prefixcache import BLOCK
 from specdecode.serving.config import ServeConfig
 
 _DEFAULTS = ServeConfig()
@@ -43,6 +45,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queued", type=int, default=d.max_queued,
                    help=f"requests waiting beyond this get 503 (default: {d.max_queued})")
     add_batch_args(g)
+    g.add_argument("--prefix-cache-tokens", type=int, default=None,
+                   help=f"prompt tokens whose KV is kept for later prompts that start the same way (a system prompt, "
+                        f"a repeated question): their prefill is skipped. Reuse is by blocks of {BLOCK} tokens, least "
+                        "recently used evicted first; OpenAI's usage.prompt_tokens_details.cached_tokens reports it "
+                        "per request. Default: half the KV pool's tokens; 0: off")
     g.add_argument("--compile-max-len", type=int, default=d.compile_max_len,
                    help="compiled steps: the graphs for contexts up to this many tokens are loaded (or, with --compile "
                         "on, built) before serving, for every batch size up to --max-running-requests; longer "
@@ -104,7 +111,11 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
                                ("--compile-max-len", args.compile_max_len, 2)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
-    batch = batch_config(args)
+    if args.prefix_cache_tokens is not None and not (args.prefix_cache_tokens == 0
+                                                     or args.prefix_cache_tokens >= BLOCK):
+        raise ValueError(f"--prefix-cache-tokens must be 0 (off) or at least one block of {BLOCK} tokens, "
+                         f"got {args.prefix_cache_tokens}")
+    batch = replace(batch_config(args), prefix_cache=args.prefix_cache_tokens)
     return ServeConfig(host=args.host, port=args.port,
                        api_key=args.api_key or os.environ.get("SPECDECODE_API_KEY") or None,
                        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,

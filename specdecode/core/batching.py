@@ -44,6 +44,7 @@ from specdecode.core.engine import (
 )
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import StepRunner, Transformer
+from specdecode.core.prefixcache import BLOCK, PrefixCache
 from specdecode.core.profiler import CycleRecord, PhaseClock, SpecProfile
 from specdecode.core.sampling import greedy_argmax, sample
 from specdecode.core.speculative import (
@@ -83,6 +84,10 @@ class BatchConfig:
     # not depend on what else is batched, in any dtype; the policy must then be one mode for every batch
     # size ('always' or 'never'). Measured cost: benchmarks/reproducibility.py.
     batch_invariant: bool = False
+    # Prompt tokens whose keys and values are kept for later prompts that start the same way
+    # (``core.prefixcache``); None: half the pool's tokens (slots x slot tokens: a slot holds a prompt and
+    # its answer, the cache prompts only); 0: off.
+    prefix_cache: int | None = None
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -91,6 +96,9 @@ class BatchConfig:
             raise ValueError(f"slot_tokens must be >= 2, got {self.slot_tokens}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.prefix_cache is not None and (self.prefix_cache < 0 or 0 < self.prefix_cache < BLOCK):
+            raise ValueError(f"prefix_cache must be 0 (off) or at least one block of {BLOCK} tokens, "
+                             f"got {self.prefix_cache}")
         if self.spec_policy not in SPEC_POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(SPEC_POLICIES)}; got {self.spec_policy!r}")
         if self.batch_invariant and self.spec_policy not in ("always", "never"):
@@ -107,6 +115,7 @@ class _Row(SpecRow):
     options: GenerateOptions
     text: TextAssembler
     arrived: float
+    cached: int = 0  # prompt tokens copied from the prefix cache, not computed
     profile: SpecProfile = field(default_factory=SpecProfile)
 
 
@@ -241,6 +250,9 @@ class BatchEngine:
         self.margin = self.spec.num_draft_tokens if self.drafting and self.spec else 0
         self._steps = self._fixed_steps() if config.batch_invariant else None
         self._pools: tuple[KVCache, KVCache | None] | None = None
+        tokens = config.prefix_cache if config.prefix_cache is not None else config.slots * self.limit // 2
+        self.prefix_tokens = tokens if tokens >= BLOCK else 0  # the prefix cache's size (0: none)
+        self._prefix: PrefixCache | None = None  # made at the first request (``prefix``)
         self.rows: list[_Row] = []
         self.decoding = 0  # rows [0, decoding) decode; the rest wait for (or are in) prefill
 
@@ -358,6 +370,8 @@ class BatchEngine:
             self.policy.decide(b, statistics.median(times[False]), statistics.median(times[True]), tokens / steps)
             for i in range(b):
                 self.remove(("calibrate", i))
+        if self._prefix is not None:  # requests start from an empty cache, its counts theirs alone
+            self._prefix.clear()
         return dict(self.policy.calibrated)
 
     def pool_bytes(self) -> int:
@@ -365,6 +379,10 @@ class BatchEngine:
         c = self.model.config
         itemsize = torch.empty((), dtype=self.model.dtype).element_size()
         return 2 * c.num_layers * self.config.slots * c.num_kv_heads * self.limit * c.head_dim * itemsize
+
+    def prefix_bytes(self) -> int:
+        """Bytes of the prefix cache's keys and values, when full (its taps add a few percent)."""
+        return self.pool_bytes() * self.prefix_tokens // (self.config.slots * self.limit)
 
     @property
     def tpool(self) -> KVCache:
@@ -377,6 +395,15 @@ class BatchEngine:
         self.allocate()
         assert self._pools is not None
         return self._pools[1]
+
+    @property
+    def prefix(self) -> PrefixCache | None:
+        """The prefix cache (None: off). Batch-invariant engines reuse whole prefill chunks only, so
+        that a prompt's remaining chunks are the ones it would run from scratch, bit for bit."""
+        if self._prefix is None and self.prefix_tokens:
+            aligned = self.config.prefill_chunk if self.config.batch_invariant else 1
+            self._prefix = PrefixCache(self.prefix_tokens, self.tpool, aligned=aligned)
+        return self._prefix
 
     # ------------------------------------------------------------ requests in and out
 
@@ -399,15 +426,24 @@ class BatchEngine:
                 + (f" + {self.margin} speculative slots" if self.margin else "")
                 + f" = {need} exceeds the {self.limit} tokens of a batch slot")
 
-    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> None:
-        """Take a request into a free slot (``BatchFullError`` when none is free)."""
+    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> int:
+        """Take a request into a free slot (``BatchFullError`` when none is free). Returns how many of
+        its prompt tokens came from the prefix cache (their prefill is skipped)."""
         if not self.free_slots:
             raise BatchFullError(f"all {self.config.slots} batch slots are taken")
         self.check(len(prompt_ids), options)
         generator = None if options.sampling.greedy else options.sampling.make_generator(self.model.device)
-        self.rows.append(_Row(key=key, prompt=list(prompt_ids), options=options,
-                              text=TextAssembler(self.tokenizer, options), arrived=time.perf_counter(),
-                              sampling=options.sampling, generator=generator))
+        row = _Row(key=key, prompt=list(prompt_ids), options=options, text=TextAssembler(self.tokenizer, options),
+                   arrived=time.perf_counter(), sampling=options.sampling, generator=generator)
+        if (prefix := self.prefix) is not None and (blocks := prefix.match(row.prompt)):
+            taps = prefix.load(blocks, self.tpool, len(self.rows))
+            row.length = row.cached = len(blocks) * prefix.block
+            if self._aux():  # the prompt's taps wait for the drafter, as after computing them
+                assert taps is not None, "a drafting engine stores taps with every block"
+                row.pending_hidden.append(taps)
+                row.pending_tokens += row.prompt[1:row.length + 1]
+        self.rows.append(row)
+        return row.cached
 
     def remove(self, key: Hashable) -> Finished | None:
         """Drop a request now (its client went away); its slot is free for the next step."""
@@ -463,7 +499,7 @@ class BatchEngine:
         # after all of them (a 7001-token prompt held a short request's first token 17.6 s: issue 26)
         chunk = self.config.prefill_chunk
         j = min(range(self.decoding, len(self.rows)),
-                key=lambda i: (-(-self.rows[i].length // chunk), self.rows[i].arrived))
+                key=lambda i: (-(-(self.rows[i].length - self.rows[i].cached) // chunk), self.rows[i].arrived))
         row = self.rows[j]
         a = row.length
         b = min(a + self.config.prefill_chunk, len(row.prompt))
@@ -471,6 +507,8 @@ class BatchEngine:
         report.prefill_tokens += b - a
         if b < len(row.prompt):
             return
+        if self.prefix is not None:  # before the drafter takes the taps
+            self.prefix.save(row.prompt, self.tpool, j, torch.cat(row.pending_hidden) if self._aux() else None)
         root = int(sample(logits, row.options.sampling, row.generator))
         if self._aux():
             assert self.drafter is not None and self.dpool is not None

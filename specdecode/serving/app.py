@@ -133,8 +133,9 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
         batcher = BatchEngine(model, loaded.tokenizer, decoder.drafter, decoder.spec, batch)
         prepare = partial(_prepare, batcher, loaded.tokenizer.encode_chat(CALIBRATION_CHAT), compile_max_len)
         context, margin = batcher.limit, batcher.margin
-        log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, spec policy %s",
-                 batch.slots, batcher.limit, batcher.pool_bytes() / 1e9, batcher.policy.name)
+        log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, prefix cache %d tokens "
+                 "(%.2f GB), spec policy %s", batch.slots, batcher.limit, batcher.pool_bytes() / 1e9,
+                 batcher.prefix_tokens, batcher.prefix_bytes() / 1e9, batcher.policy.name)
     else:
         batcher = SerialBatcher(engine or Engine(model, loaded.tokenizer, decoder), metrics.spec)
         spec_config = getattr(decoder, "config", None)

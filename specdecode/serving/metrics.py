@@ -64,6 +64,8 @@ class Snapshot:
     steps: int = 0  # decode steps
     step_rows: int = 0  # rows over those steps (mean batch = step_rows / steps)
     spec_steps: int = 0
+    prompt: int = 0  # prompt tokens of requests started
+    cached: int = 0  # of which from the prefix cache
 
 
 class Metrics:
@@ -73,6 +75,7 @@ class Metrics:
         self.lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0  # of which copied from the prefix cache
         self.generated_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.per_token = Histogram(PER_TOKEN_BUCKETS)
@@ -114,9 +117,11 @@ class Metrics:
         with self.lock:
             self.requests[route, status] += 1
 
-    def count_prompt(self, tokens: int) -> None:
+    def count_prompt(self, tokens: int, cached: int = 0) -> None:
+        """A request joined the batch: its prompt, of which ``cached`` tokens came from the prefix cache."""
         with self.lock:
             self.prompt_tokens += tokens
+            self.cached_prompt_tokens += cached
 
     def count_tokens(self, tokens: int, ttft: float | None, per_token: float | None) -> None:
         with self.lock:
@@ -130,7 +135,8 @@ class Metrics:
         with self.lock:
             s = self.spec
             return Snapshot(time.perf_counter(), self.generated_tokens, s.cycles, s.drafted, s.accepted,
-                            sum(self.steps.values()), self.step_rows, self.steps["spec"])
+                            sum(self.steps.values()), self.step_rows, self.steps["spec"], self.prompt_tokens,
+                            self.cached_prompt_tokens)
 
     def render(self, running: int, queued: int) -> str:
         """The Prometheus text exposition of every metric."""
@@ -157,6 +163,9 @@ class Metrics:
                                               "Accept length per finished request that speculated."),
             single("specdecode_prompt_tokens_total", "counter", "Prompt tokens of requests started.",
                    self.prompt_tokens),
+            single("specdecode_prefix_cache_hit_tokens_total", "counter",
+                   "Prompt tokens copied from the prefix cache instead of computed (hit rate: over prompt tokens).",
+                   self.cached_prompt_tokens),
             single("specdecode_generation_tokens_total", "counter", "Tokens generated (stop tokens included).",
                    self.generated_tokens),
             self.ttft.family("specdecode_time_to_first_token_seconds",
@@ -190,8 +199,10 @@ def decode_log_line(before: Snapshot, after: Snapshot, running: int, queued: int
              f"spec steps {100 * (after.spec_steps - before.spec_steps) / steps:.0f}%, " if steps else "")
     spec = (f"accept len {1 + accepted / cycles:.2f}, accept rate {accepted / drafted:.2f}, "
             if cycles and drafted else "")
+    prompt = after.prompt - before.prompt
+    cached = f", prompt tokens {prompt} ({100 * (after.cached - before.cached) / prompt:.0f}% cached)" if prompt else ""
     return (f"decode: #running-req {running}, #queue-req {queued}, {batch}{spec}"
-            f"gen throughput {(after.generated - before.generated) / seconds:.1f} tok/s")
+            f"gen throughput {(after.generated - before.generated) / seconds:.1f} tok/s{cached}")
 
 
 async def report_periodically(metrics: Metrics, load: Callable[[], tuple[int, int]], interval_s: float) -> None:

@@ -61,8 +61,11 @@ class Shape:
         return self._object("chat.completion.chunk" if self.chat else "text_completion", [], usage)
 
 
-def usage_of(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage_of(job: Job, completion: int) -> dict:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens the prefix cache gave."""
+    prompt = len(job.prompt_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
 
 
 def _sse(obj: dict) -> str:
@@ -83,7 +86,7 @@ async def stream_events(job: Job, shape: Shape, include_usage: bool,
             if chunk.finish_reason:
                 yield _sse(shape.chunk(finish=chunk.finish_reason))
         if include_usage:
-            yield _sse(shape.usage_chunk(usage_of(len(job.prompt_ids), tokens)))
+            yield _sse(shape.usage_chunk(usage_of(job, tokens)))
         yield "data: [DONE]\n\n"
     except APIError as e:  # the status line is already sent: report in-band, as OpenAI does
         yield _sse(e.body())
@@ -139,4 +142,4 @@ async def collect(scheduler: Scheduler, job: Job, shape: Shape, receive, token_i
     finally:
         watcher.cancel()
         scheduler.cancel(job)
-    return shape.full("".join(parts), finish, usage_of(len(job.prompt_ids), len(ids)), ids if token_ids else None)
+    return shape.full("".join(parts), finish, usage_of(job, len(ids)), ids if token_ids else None)

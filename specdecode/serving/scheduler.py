@@ -44,6 +44,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     accepted_at: float = field(default_factory=time.perf_counter)
+    cached_tokens: int = 0  # prompt tokens the prefix cache gave (set by the worker before STARTED)
     last_token_at: float | None = None  # when its previous tokens were delivered (worker thread)
 
     def post(self, event: object) -> None:
@@ -81,7 +82,9 @@ class Batcher(Protocol):
 
     def allocate(self) -> None: ...
 
-    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> None: ...
+    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> int:
+        """Returns the prompt tokens found in a prefix cache (0: none, or no cache)."""
+        ...
 
     def remove(self, key: Hashable) -> Finished | None: ...
 
@@ -109,11 +112,12 @@ class SerialBatcher:
     def allocate(self) -> None:
         """Nothing to allocate: ``Engine.stream`` makes each request's cache."""
 
-    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> None:
+    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> int:
         if self._stream is not None:
             raise RuntimeError("the serial batcher runs one request at a time")
         self._key, self._generated = key, 0
         self._stream = self.engine.stream(prompt_ids, options, self.profile)
+        return 0  # no prefix cache: each request's cache is its own
 
     def remove(self, key: Hashable) -> Finished | None:
         if self._stream is None or key != self._key:
@@ -266,9 +270,9 @@ class Scheduler:
                 self.batcher.remove(id(job))
                 job.post(END)
             for job in joined:
-                self.metrics.count_prompt(len(job.prompt_ids))
                 try:
-                    self.batcher.add(id(job), job.prompt_ids, job.options)
+                    job.cached_tokens = self.batcher.add(id(job), job.prompt_ids, job.options)
+                    self.metrics.count_prompt(len(job.prompt_ids), job.cached_tokens)
                     job.post(STARTED)
                 except Exception:  # the handlers checked the request: a bug; this request fails, not the server
                     log.exception("a request could not join the batch")

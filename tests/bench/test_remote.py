@@ -127,7 +127,8 @@ def make_app(cfg: StubConfig) -> FastAPI:
                 yield sse(chunk(None if api == "chat" else "", finish="length"))
                 if cfg.usage and not cfg.llama_cpp_python:
                     yield sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n,
-                                                        "total_tokens": 7 + n}})
+                                                        "total_tokens": 7 + n,
+                                                        "prompt_tokens_details": {"cached_tokens": 4}}})
                 # per request: 4 cycles, 16 drafted, 8 accepted (positions 4, 2, 1, 1), counted
                 # before [DONE] so that the client's next /metrics read sees them
                 cfg.cycles += 4
@@ -281,6 +282,9 @@ def test_chat_stream_ttft_itl_tokens(stub):
     assert r.prompt_id == "p0" and r.category == "qa"
     assert r.text == "Hello, world! Bye" and r.finish_reason == "length"
     assert r.completion_tokens == 5 and r.tokens_source == "usage" and r.prompt_tokens == 7
+    assert r.cached_tokens == 4  # the server's prefix cache, reported per run as the hidden variable it is
+    summary = summarize_run(run)
+    assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (14, 8)
     assert r.content_chunks == 5
     # the role-only chunk and the keepalives arrive at once: TTFT waits for real content
     assert 0.05 <= r.ttft_s < 0.5
@@ -312,6 +316,7 @@ def test_completions_api_without_usage_counts_chunks(stub):
     assert cfg.requests[0]["prompt"] == "a" and "messages" not in cfg.requests[0]
     assert r.text == "Hello, world" and r.completion_tokens == 3 and r.tokens_source == "chunks"
     assert r.prompt_tokens is None and summarize_run(run)["tokens_source"] == "chunks"
+    assert r.cached_tokens is None and summarize_run(run)["cached_prompt_tokens"] is None
 
 
 def test_model_discovery_and_api_key(stub):

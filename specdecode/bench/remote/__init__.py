@@ -51,8 +51,9 @@ on_done=None) -> RemoteRun``
     ``completion_tokens`` and ``tokens_source`` (``"usage"`` when the server reported usage,
     else ``"chunks"``: content chunks counted, which undercounts a server that packs several
     tokens, e.g. a whole accepted draft, into one chunk), ``prompt_tokens`` (from usage, or
-    ``None``), ``chunks`` (data events received), ``content_chunks``, ``done`` ([DONE] seen),
-    ``text``, ``reasoning`` (``reasoning_content``/``reasoning``
+    ``None``), ``cached_tokens`` (usage's ``prompt_tokens_details.cached_tokens``: the prompt tokens
+    the server's prefix cache gave, or ``None`` when it does not say), ``chunks`` (data events
+    received), ``content_chunks``, ``done`` ([DONE] seen), ``text``, ``reasoning`` (``reasoning_content``/``reasoning``
     deltas, counted as content for timing), ``finish_reason``, ``tok_per_s`` = completion
     tokens / latency, and ``itl_summary()`` (median/p90/p99 in seconds).
 
@@ -62,7 +63,8 @@ on_done=None) -> RemoteRun``
     ``wall_s``: the server's aggregate throughput), ``request_tok_per_s_median``,
     ``latency_ms_median``, ``ttft_ms_median``/``_p90``/``_p99``, ``tpot_ms_median``,
     ``itl_ms_median``/``_p90``/``_p99`` (over all gaps of all successful requests pooled),
-    ``tokens_source`` (``usage``, ``chunks`` or ``mixed``), ``server_spec``,
+    ``tokens_source`` (``usage``, ``chunks`` or ``mixed``), ``prompt_tokens`` and
+    ``cached_prompt_tokens`` (sums; the latter ``None`` when the server reported none), ``server_spec``,
     ``server_spec_reason``, ``server``, ``model`` and ``hints`` (:func:`likely_causes`: for
     failures with a known cause, e.g. llama-cpp-python cutting streams at concurrency > 1 by
     default, what happened and the flag that changes it; and a note when tokens were counted

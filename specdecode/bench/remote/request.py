@@ -41,6 +41,7 @@ class RequestResult:
     completion_tokens: int = 0
     tokens_source: str = "chunks"
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens: the server's prefix cache hits
     chunks: int = 0  # data events received (role-only, usage-only and [DONE] included)
     content_chunks: int = 0
     done: bool = False  # the stream ended with [DONE]
@@ -135,6 +136,9 @@ def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: 
                 usage_tokens = usage["completion_tokens"]
             if isinstance(usage.get("prompt_tokens"), int):
                 res.prompt_tokens = usage["prompt_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                res.cached_tokens = details["cached_tokens"]
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue

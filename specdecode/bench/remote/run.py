@@ -242,6 +242,7 @@ def summarize_run(run: RemoteRun) -> dict:
     itls = [x for r in good for x in r.itl_s]
     speeds = [r.tok_per_s for r in good if r.tok_per_s is not None]
     sources = {r.tokens_source for r in good}
+    cached = [r.cached_tokens for r in good if r.cached_tokens is not None]
     return {
         "requests": len(run.results), "ok": len(good), "failed": len(run.results) - len(good),
         "errors": dict(Counter(r.error for r in run.results if not r.ok).most_common()),
@@ -255,6 +256,9 @@ def summarize_run(run: RemoteRun) -> dict:
         "itl_ms_median": _ms(_median(itls)), "itl_ms_p90": _ms(percentile(itls, 90)),
         "itl_ms_p99": _ms(percentile(itls, 99)),
         "tokens_source": sources.pop() if len(sources) == 1 else ("mixed" if sources else None),
+        # a prefix cache is a hidden variable of every serving comparison: what each server reused, when it says
+        "prompt_tokens": sum(r.prompt_tokens or 0 for r in good),
+        "cached_prompt_tokens": sum(cached) if cached else None,
         "server_spec": run.server_spec, "server_spec_reason": run.server_spec_reason,
         "server": run.server, "model": run.model, "hints": likely_causes(run),
     }
