@@ -27,7 +27,7 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     loaded = session.loaded
     drafter = getattr(decoder.decode, "drafter", None)
     engine = BatchEngine(loaded.model, loaded.tokenizer, drafter, decoder.config,
-                         BatchConfig(slots=concurrency, spec_policy=policy))
+                         BatchConfig(slots=concurrency, spec_policy=policy, prefix_cache=0))  # steps, not reuse
     engine.allocate()
     engine.calibrate(prompt_ids[0])  # 'auto' fixes its choice per batch size first (untimed), as serve does
     options = GenerateOptions(max_new_tokens)

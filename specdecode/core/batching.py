@@ -252,7 +252,7 @@ class BatchEngine:
         self._pools: tuple[KVCache, KVCache | None] | None = None
         tokens = config.prefix_cache if config.prefix_cache is not None else config.slots * self.limit // 2
         self.prefix_tokens = tokens if tokens >= BLOCK else 0  # the prefix cache's size (0: none)
-        self._prefix: PrefixCache | None = None  # made at the first request (``prefix``)
+        self._prefix: PrefixCache | None = None  # made with the pools (``allocate``)
         self.rows: list[_Row] = []
         self.decoding = 0  # rows [0, decoding) decode; the rest wait for (or are in) prefill
 
@@ -296,7 +296,14 @@ class BatchEngine:
                 # + the tree's scratch entries + one (padding of batched extends writes to the cache's scratch slot)
                 extra = self.spec.num_steps * self.spec.topk + 1
                 dpool = self.drafter.new_cache(self.limit + extra, self.config.slots)
+            if self.prefix_tokens:  # Batch-invariant engines reuse whole prefill chunks only (``PrefixCache``)
+                aligned = self.config.prefill_chunk if self.config.batch_invariant else 1
+                self._prefix = PrefixCache(self.prefix_tokens, tpool, aligned=aligned, taps=self._taps_width())
             self._pools = tpool, dpool
+
+    def _taps_width(self) -> int:
+        """Values per position of the target's taps the drafter reads (0: it reads none)."""
+        return len(self._aux()) * self.model.config.hidden_size
 
     def warm(self, max_len: int | None = None, on_span: Callable[[int, int], None] | None = None,
              seal: bool = False) -> int:
@@ -381,8 +388,10 @@ class BatchEngine:
         return 2 * c.num_layers * self.config.slots * c.num_kv_heads * self.limit * c.head_dim * itemsize
 
     def prefix_bytes(self) -> int:
-        """Bytes of the prefix cache's keys and values, when full (its taps add a few percent)."""
-        return self.pool_bytes() * self.prefix_tokens // (self.config.slots * self.limit)
+        """Bytes of the prefix cache: its keys and values and the drafter's taps (SmolLM2: 15% more)."""
+        itemsize = torch.empty((), dtype=self.model.dtype).element_size()
+        tokens = self.prefix_tokens // BLOCK * BLOCK  # whole blocks
+        return self.pool_bytes() * tokens // (self.config.slots * self.limit) + tokens * self._taps_width() * itemsize
 
     @property
     def tpool(self) -> KVCache:
@@ -398,11 +407,8 @@ class BatchEngine:
 
     @property
     def prefix(self) -> PrefixCache | None:
-        """The prefix cache (None: off). Batch-invariant engines reuse whole prefill chunks only, so
-        that a prompt's remaining chunks are the ones it would run from scratch, bit for bit."""
-        if self._prefix is None and self.prefix_tokens:
-            aligned = self.config.prefill_chunk if self.config.batch_invariant else 1
-            self._prefix = PrefixCache(self.prefix_tokens, self.tpool, aligned=aligned)
+        """The prefix cache (None: off)."""
+        self.allocate()
         return self._prefix
 
     # ------------------------------------------------------------ requests in and out

@@ -45,9 +45,11 @@ class PrefixStats:
 class PrefixCache:
     """Up to ``tokens`` prompt positions (rounded down to whole blocks) of keys and values shaped
     like the rows of ``like`` (a KV pool: one tensor per layer, [rows, kv_heads, slots, head_dim]),
-    on its device and in its dtype. Not thread-safe: the engine's thread owns it."""
+    on its device and in its dtype, and ``taps`` values per position (the target's taps a drafter
+    reads: 0 when none). Everything is allocated here, so that a cache too large for the device fails
+    at startup, not in a request. Not thread-safe: the engine's thread owns it."""
 
-    def __init__(self, tokens: int, like: KVCache, block: int = BLOCK, aligned: int = 1) -> None:
+    def __init__(self, tokens: int, like: KVCache, block: int = BLOCK, aligned: int = 1, taps: int = 0) -> None:
         if tokens < block:
             raise ValueError(f"a prefix cache of {tokens} tokens holds no block of {block}; use at least {block} "
                              f"(or 0 to turn it off)")
@@ -56,7 +58,9 @@ class PrefixCache:
         self.capacity = tokens // block
         self.k = [self._blocks_like(t) for t in like.k]
         self.v = [self._blocks_like(t) for t in like.v]
-        self.taps: Tensor | None = None  # [capacity, block, width], made at the first save with taps
+        k0 = like.k[0]
+        self.taps = (torch.empty(self.capacity, block, taps, dtype=k0.dtype, device=k0.device)
+                     if taps else None)  # [capacity, block, width]
         self._index: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent slot, tokens) -> slot
         self._key: list[tuple[int, tuple[int, ...]] | None] = [None] * self.capacity
         self._children = [0] * self.capacity
@@ -71,7 +75,8 @@ class PrefixCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        taps = () if self.taps is None else (self.taps,)
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v, *taps))
 
     @property
     def used_blocks(self) -> int:
@@ -153,8 +158,8 @@ class PrefixCache:
             store.index_copy_(0, index, pool[row, :, span].reshape(heads, n, B, dim).transpose(0, 1))
         if taps is not None:
             if self.taps is None:
-                self.taps = torch.empty(self.capacity, B, taps.shape[-1], dtype=taps.dtype, device=taps.device)
-            self.taps.index_copy_(0, index, taps[span].reshape(n, B, -1))
+                raise ValueError("this prefix cache holds no taps: make it with taps=<width>")
+            self.taps.index_copy_(0, index, taps[span].reshape(n, B, -1).to(self.taps.dtype))
         self.stats.stored_blocks += n
         return n
 

@@ -34,7 +34,7 @@ def pool(rows=2, slots=65, layers=2):
 
 def test_blocks_are_found_from_the_start_and_copied_with_their_taps():
     src = pool()
-    cache = PrefixCache(64, src, block=4)
+    cache = PrefixCache(64, src, block=4, taps=3)
     prompt = list(range(10, 23))  # 13 tokens: 3 full blocks
     taps = torch.arange(13.0)[:, None].expand(13, 3)
     assert cache.save(prompt, src, row=1, taps=taps) == 3
@@ -53,6 +53,8 @@ def test_blocks_are_found_from_the_start_and_copied_with_their_taps():
         assert torch.equal(t[0, :, 12:], f[0, :, 12:]) and torch.equal(t[1], f[1])  # nothing else written
     assert got is not None and torch.equal(got, taps[:12])
     assert cache.stats.hit_tokens == 12
+    with pytest.raises(ValueError, match="holds no taps"):
+        PrefixCache(64, src, block=4).save(prompt, src, row=1, taps=taps)
 
 
 def test_least_recently_used_leaves_go_first_and_a_shared_stem_stays():
@@ -203,3 +205,15 @@ def test_batch_invariant_hits_give_the_keys_and_values_of_a_prompt_computed_from
     n = len(second)
     for got, want in zip((*engine.tpool.k, *engine.tpool.v), (*fresh.tpool.k, *fresh.tpool.v), strict=True):
         assert torch.equal(got[0, :, :n], want[0, :, :n])
+
+
+def test_the_cache_is_allocated_with_the_pool_and_its_size_reported(model):
+    """Made with the KV pool (a cache too large fails at startup, not in a request), taps included."""
+    engine = BatchEngine(model, Tok(), random_drafter(model, 50, seed=1), SpecConfig(2, 2, 4),
+                         BatchConfig(slots=2, slot_tokens=100, spec_policy="always"))
+    assert engine.prefix_tokens == 100 and engine._prefix is None  # half of 2 slots x 100 tokens
+    engine.allocate()
+    prefix = engine._prefix
+    assert prefix is not None and prefix.capacity == 6 and prefix.taps is not None
+    assert prefix.nbytes == engine.prefix_bytes()
+    assert prefix.taps.shape[-1] == 3 * model.config.hidden_size  # the drafter's three tapped layers
