@@ -15,6 +15,13 @@ shapes, weights streamed from memory, microseconds per call at 1 row):
   row in 0.37 ms but its cost grows with the rows, and on the small layer matrices it runs at
   about 14 GB/s of int8 (per-call overhead).
 
+- bf16 on a CPU whose oneDNN has no bf16 (AVX2 only: AMD EPYC, 2 threads), 4-bit weights
+  (``core.quant.Int4Linear``), ms per call, ``int4pack`` against the weight dequantised to fp32 once and
+  packed for oneDNN (``onednn_f32``: activations converted to fp32 and back): gate_up [3072x576] 16
+  rows 0.71 vs 0.47, 64 rows 2.79 vs 1.60, 256 rows 11.2 vs 5.8; down [576x1536] 256 rows 5.5 vs 2.8.
+  A 256-token prefill chunk spent 84% of its 915 ms in ``int4pack``. The copy costs memory (fp32: 8x
+  the 4-bit bytes, 2x bf16), so ``runtime.kernels`` offers it only where it fits.
+
 So :func:`choose_kernels` times every candidate of each weight shape on the model's own weights
 at the row counts of :data:`ROW_BUCKETS`, once, and :func:`apply_kernels` installs the choice
 (``runtime.kernels`` caches it on disk with the hardware it was measured on). Without a plan a
@@ -25,7 +32,7 @@ are identical, fp32 ones differ in summation order only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol, cast
@@ -43,6 +50,8 @@ KERNEL_MODES = ("auto", "static")
 # (1-256), and bf16 does not care (see the module docstring).
 _ONEDNN_BATCH_HINT = 64
 _ONEDNN_DTYPES = (torch.bfloat16, torch.float32)
+ONEDNN_F32 = "onednn_f32"  # a bf16 layer's weight kept in fp32, packed for oneDNN (see the module docstring)
+PACKED_KERNELS = ("onednn", ONEDNN_F32)  # kernels that run a packed copy of the weight
 
 
 def bucket_of(rows: int) -> int:
@@ -61,6 +70,17 @@ def onednn_usable(dtype: torch.dtype, device: torch.device) -> bool:
     if device.type != "cpu" or dtype not in _ONEDNN_DTYPES or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     return dtype != torch.bfloat16 or _onednn_bf16()
+
+
+def onednn_f32_offered(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a layer computing in ``dtype`` offers ``onednn_f32``: bf16 where oneDNN runs fp32 but not
+    bf16 (there aten's bf16 GEMM and the 4-bit kernel are what is left, both slow at many rows)."""
+    return dtype == torch.bfloat16 and onednn_usable(torch.float32, device) and not onednn_usable(dtype, device)
+
+
+def onednn_f32_linear(x2: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """``onednn_f32``: x2 (bf16) in fp32 through the fp32-packed weight, the result back in x2's dtype."""
+    return onednn_linear(x2.float(), packed, None if bias is None else bias.float()).to(x2.dtype)
 
 
 @cache
@@ -86,7 +106,7 @@ class KernelLayer(Protocol):
 
     def group_key(self) -> str: ...
     def kernel_candidates(self, rows: int) -> tuple[str, ...]: ...
-    def packable_weight(self) -> Tensor: ...
+    def packable_weight(self, kernel: str = "onednn") -> Tensor: ...  # the weight as ``kernel`` packs it
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor: ...
 
 
@@ -127,20 +147,35 @@ def _time_kernel(layers: list[KernelLayer], kernel: str, x: Tensor, reps: int) -
     return best
 
 
+def offered(layer: KernelLayer, rows: int, exclude: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The layer's kernel candidates at ``rows`` rows but the excluded ones."""
+    return tuple(k for k in layer.kernel_candidates(rows) if k not in exclude)
+
+
+def pack(layer: KernelLayer, kernels: Sequence[str]) -> None:
+    """Give the layer the packed weight its ``kernels`` need (at most one packed kernel per layer)."""
+    needed = [k for k in PACKED_KERNELS if k in kernels]
+    if len(needed) > 1:
+        raise ValueError(f"one packed weight per layer; {needed} would need two")
+    layer.packed = onednn_pack(layer.packable_weight(needed[0])) if needed else None
+
+
 def choose_kernels(model: nn.Module, reps: int = 3,
                    on_group: Callable[[int, int, str], None] | None = None,
                    known: dict[str, list[str]] | None = None,
-                   on_choice: Callable[[str, list[str]], None] | None = None) -> dict[str, list[str]]:
+                   on_choice: Callable[[str, list[str]], None] | None = None,
+                   exclude: frozenset[str] = frozenset()) -> dict[str, list[str]]:
     """Time every candidate kernel of each group at each ROW_BUCKETS row count, calling it
     once per layer of the group (so the weights stream from memory as in a decode step), and
     return the fastest per group and bucket. Groups with a single candidate are left out.
     ``on_group(done, total, key)`` hears each group as it starts (progress for a long measurement);
     ``on_choice(key, picked)`` each group's choice as it is made (a plan saved as it goes), and groups
-    in ``known`` (such a partial plan) are taken as they are, not measured again."""
+    in ``known`` (such a partial plan) are taken as they are, not measured again. Kernels in ``exclude``
+    are not tried (``runtime.kernels``: an fp32 copy that would not fit in memory)."""
     choices: dict[str, list[str]] = {}
     groups = []
     for key, layers in kernel_layers(model).items():
-        if len(layers[0].kernel_candidates(1)) < 2:
+        if max(len(offered(layers[0], rows, exclude)) for rows in ROW_BUCKETS) < 2:
             continue
         if known and key in known:
             choices[key] = list(known[key])
@@ -150,14 +185,13 @@ def choose_kernels(model: nn.Module, reps: int = 3,
         for done, (key, layers) in enumerate(groups):
             if on_group is not None:
                 on_group(done, len(groups), key)
-            if "onednn" in layers[0].kernel_candidates(1):
-                for layer in layers:
-                    layer.packed = onednn_pack(layer.packable_weight())
-            w = layers[0].packable_weight()
+            for layer in layers:
+                pack(layer, offered(layer, 1, exclude))
+            w = layers[0].packable_weight()  # the layer's own dtype: its activations'
             picked = []
             for rows in ROW_BUCKETS:
                 x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
-                times = {k: _time_kernel(layers, k, x, reps) for k in layers[0].kernel_candidates(rows)}
+                times = {k: _time_kernel(layers, k, x, reps) for k in offered(layers[0], rows, exclude)}
                 picked.append(min(times, key=times.__getitem__))
             choices[key] = picked
             for layer in layers:
@@ -178,14 +212,13 @@ def apply_kernels(model: nn.Module, choices: dict[str, list[str]]) -> int:
         picked = choices.get(key)
         if picked is None:
             continue
-        offered = set(layers[0].kernel_candidates(1))
-        if len(picked) != len(ROW_BUCKETS) or not set(picked) <= offered:
+        known = {k for rows in ROW_BUCKETS for k in layers[0].kernel_candidates(rows)}
+        if len(picked) != len(ROW_BUCKETS) or not set(picked) <= known:
             raise ValueError(f"kernel plan for {key} ({picked}) does not fit this build: {len(ROW_BUCKETS)} row "
-                             f"buckets, kernels {sorted(offered)}; measure again (--kernels auto with a fresh cache)")
+                             f"buckets, kernels {sorted(known)}; measure again (--kernels auto with a fresh cache)")
         for layer in layers:
             layer.kernels = tuple(picked)
-            if "onednn" in picked:
-                layer.packed = onednn_pack(layer.packable_weight())
+            pack(layer, picked)
             count += 1
     return count
 
@@ -215,8 +248,11 @@ class KernelDispatch:
         x2 = x.reshape(rows, x.shape[-1])
         kernel = (self.kernels[bucket_of(rows)] if self.kernels is not None and self.plan_applies(x)
                   else self.static_kernel(rows, x))
-        if kernel == "onednn" and torch.compiler.is_compiling():
-            kernel = "aten"
+        if torch.compiler.is_compiling():
+            if kernel == "onednn":
+                kernel = "aten"
+            elif kernel == ONEDNN_F32:  # not traced (an opaque weight); in graphs the layer's own rule
+                kernel = self.static_kernel(rows, x)
         return self.run_kernel(kernel, x2).view(*x.shape[:-1], self.out_features)
 
     # Calling runs forward directly, without nn.Module's hook dispatch: a decode step makes about
@@ -252,6 +288,8 @@ class Linear(KernelDispatch, nn.Linear):
         w = self.weight
         if kernel == "onednn" and self.packed is not None:
             return onednn_linear(x2, self.packed, self.bias)
+        if kernel == ONEDNN_F32 and self.packed is not None:
+            return onednn_f32_linear(x2, self.packed, self.bias)
         if kernel == "weight_left":
             rows = x2.shape[0]
             if rows == 1:
@@ -270,10 +308,12 @@ class Linear(KernelDispatch, nn.Linear):
             found.append("weight_left")
         if onednn_usable(w.dtype, w.device):
             found.append("onednn")
+        if onednn_f32_offered(w.dtype, w.device):
+            found.append(ONEDNN_F32)
         return tuple(found)
 
-    def packable_weight(self) -> Tensor:
-        return self.weight.detach()
+    def packable_weight(self, kernel: str = "onednn") -> Tensor:
+        return self.weight.detach().float() if kernel == ONEDNN_F32 else self.weight.detach()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass that overrides forward (RowParallelLinear) is called through its own."""

@@ -28,7 +28,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specdecode.core.kernels import KernelDispatch, onednn_linear, onednn_usable
+from specdecode.core.kernels import (
+    ONEDNN_F32,
+    KernelDispatch,
+    onednn_f32_linear,
+    onednn_f32_offered,
+    onednn_linear,
+    onednn_usable,
+)
 
 WEIGHT_FORMATS = ("native", "int8", "q4")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
@@ -98,7 +105,7 @@ class Int8Linear(KernelDispatch, nn.Module):
             found.append("onednn")
         return tuple(found)
 
-    def packable_weight(self) -> Tensor:
+    def packable_weight(self, kernel: str = "onednn") -> Tensor:
         return self.weight_int8.to(self.scales.dtype)
 
     def extra_repr(self) -> str:
@@ -159,6 +166,8 @@ class Int4Linear(KernelDispatch, nn.Module):
                 x2.contiguous(), self.int4pack, _INT4_GROUP, self.scales_and_zeros))
         if kernel == "onednn" and self.packed is not None:
             return onednn_linear(x2, self.packed, None)
+        if kernel == ONEDNN_F32 and self.packed is not None:
+            return onednn_f32_linear(x2, self.packed, None)
         return F.linear(x2, self.dequantized().to(x2.dtype))
 
     def group_key(self) -> str:
@@ -171,10 +180,13 @@ class Int4Linear(KernelDispatch, nn.Module):
             found.append("int4pack")
         if onednn_usable(dtype, device):
             found.append("onednn")
+        if onednn_f32_offered(dtype, device):
+            found.append(ONEDNN_F32)  # the dequantized weight in fp32: 8x the 4-bit bytes, for many rows
         return tuple(found) or ("aten",)  # aten dequantizes on every call: the reference, not a contender
 
-    def packable_weight(self) -> Tensor:
-        return self.dequantized().to(self.scales_and_zeros.dtype)
+    def packable_weight(self, kernel: str = "onednn") -> Tensor:
+        w = self.dequantized()  # float32
+        return w if kernel == ONEDNN_F32 else w.to(self.scales_and_zeros.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={_INT4_GROUP}"

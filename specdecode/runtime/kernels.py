@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -16,7 +17,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdecode.core.kernels import KERNEL_MODES, ROW_BUCKETS, KernelPlan, apply_kernels, choose_kernels, kernel_layers
+from specdecode.core.kernels import (
+    KERNEL_MODES,
+    ONEDNN_F32,
+    ROW_BUCKETS,
+    KernelPlan,
+    apply_kernels,
+    choose_kernels,
+    kernel_layers,
+    offered,
+)
 from specdecode.io.paths import cache_root
 
 
@@ -47,9 +57,46 @@ def machine_key(threads: int) -> dict[str, object]:
     }
 
 
-def hardware_key(model: nn.Module, threads: int) -> dict[str, object]:
-    """What a measured plan depends on: the machine, and the layer groups measured."""
-    return machine_key(threads) | {"row_buckets": list(ROW_BUCKETS), "groups": sorted(kernel_layers(model))}
+# fp32 copies of bf16 or 4-bit weights (``onednn_f32``) are offered while they take at most this share of the
+# memory available at load: on SmolLM2-135M at 4 bits 0.42 GB; on a 7B model they would be 28 GB
+F32_COPY_MEMORY_SHARE = 0.25
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux, macOS), None where the system does not say."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def f32_copy_bytes(model: nn.Module) -> int:
+    """Bytes of the fp32 copies every layer offering ``onednn_f32`` would hold if its plan chose it."""
+    total = 0
+    for layers in kernel_layers(model).values():
+        if any(ONEDNN_F32 in layers[0].kernel_candidates(rows) for rows in ROW_BUCKETS):
+            w = layers[0].packable_weight()
+            total += 4 * w.numel() * len(layers)
+    return total
+
+
+def excluded_kernels(model: nn.Module, available: int | None = None) -> frozenset[str]:
+    """Kernels the plan may not choose here: ``onednn_f32`` when its copies would take more than
+    F32_COPY_MEMORY_SHARE of the available memory (or that is unknown)."""
+    need = f32_copy_bytes(model)
+    available = available_memory() if available is None else available
+    if need and (available is None or need > F32_COPY_MEMORY_SHARE * available):
+        return frozenset({ONEDNN_F32})
+    return frozenset()
+
+
+def hardware_key(model: nn.Module, threads: int, exclude: frozenset[str] = frozenset()) -> dict[str, object]:
+    """What a measured plan depends on: the machine, the layer groups measured and the kernels each
+    could choose (a new kernel, or one excluded for memory, makes a new plan)."""
+    candidates = {key: sorted({k for rows in ROW_BUCKETS for k in offered(layers[0], rows, exclude)})
+                  for key, layers in kernel_layers(model).items()}
+    return machine_key(threads) | {"row_buckets": list(ROW_BUCKETS), "groups": sorted(kernel_layers(model)),
+                                   "candidates": candidates}
 
 
 def plan_path(key: dict[str, object]) -> Path:
@@ -65,7 +112,11 @@ def install_kernels(model: nn.Module, mode: str, threads: int, device: torch.dev
     if mode == "static" or device.type != "cpu":
         apply_kernels(model, {})
         return KernelPlan(mode=mode)
-    key = hardware_key(model, threads)
+    exclude = excluded_kernels(model)
+    if exclude and log:
+        log(f"kernel plan: no fp32 weight copies (onednn_f32): {f32_copy_bytes(model) / 1e9:.2f} GB would exceed "
+            f"{F32_COPY_MEMORY_SHARE:.0%} of the memory available")
+    key = hardware_key(model, threads, exclude)
     path = plan_path(key)
     if path.exists():
         try:
@@ -108,7 +159,7 @@ def install_kernels(model: nn.Module, mode: str, threads: int, device: torch.dev
         known[group] = picked
         save(partial, known)
 
-    choices = choose_kernels(model, on_group=progress, known=dict(known), on_choice=keep)
+    choices = choose_kernels(model, on_group=progress, known=dict(known), on_choice=keep, exclude=exclude)
     seconds = time.perf_counter() - t
     apply_kernels(model, choices)
     save(path, choices, seconds=round(seconds, 2))

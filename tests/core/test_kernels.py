@@ -12,6 +12,7 @@ from specdecode.core.kernels import (
     choose_kernels,
     kernel_layers,
     onednn_usable,
+    pack,
 )
 from specdecode.core.quant import Int8Linear, quantize_weights
 from tests.helpers import tiny_model
@@ -32,15 +33,14 @@ def test_every_linear_kernel_is_the_formula(dtype, bias):
     layer.packed = None
     cands = layer.kernel_candidates(1)
     assert cands[0] == "aten" and ("weight_left" in cands) == (dtype == torch.float32)
-    if onednn_usable(dtype, torch.device("cpu")):
-        assert "onednn" in cands
-        from specdecode.core.kernels import onednn_pack
-
-        layer.packed = onednn_pack(layer.packable_weight())
+    assert ("onednn" in cands) == onednn_usable(dtype, torch.device("cpu"))
+    # bf16 where oneDNN has no bf16 (AVX2): the weight in fp32 through oneDNN instead
+    assert ("onednn_f32" in cands) == (dtype == torch.bfloat16 and "onednn" not in cands)
     for rows in (1, 2, 7, 33):
         x = torch.randn(rows, 48, dtype=dtype)
         ref = x.double() @ layer.weight.double().t() + (layer.bias.double() if bias else 0)
         for kernel in layer.kernel_candidates(rows):
+            pack(layer, [kernel])
             out = layer.run_kernel(kernel, x)
             assert out.shape == (rows, 80) and out.dtype == dtype
             err = (out.double() - ref).abs().max() / ref.abs().max()
@@ -134,3 +134,31 @@ def test_a_trained_layer_ignores_its_packed_copy():
     out.sum().backward()  # gradients reach the weight: the plain kernel ran
     assert layer.weight.grad is not None
     torch.testing.assert_close(out, x @ layer.weight.t() + layer.bias)
+
+
+def test_bf16_without_onednn_bf16_offers_fp32_copies_and_graphs_keep_the_static_rule(monkeypatch):
+    """An AVX2-only CPU: a bf16 model's layers offer ``onednn_f32`` (faster at many rows there); a plan that
+    chooses it packs an fp32 copy, gives the greedy tokens of the static rule, and a compiled step, which
+    cannot trace the packed copy, runs the layer's static rule instead."""
+    import specdecode.core.kernels as kernels
+
+    monkeypatch.setattr(kernels, "_onednn_bf16", lambda: False)
+    model = tiny_model(seed=3, dtype=torch.bfloat16)
+    tokens = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        static = model(tokens, torch.arange(40), model.new_cache(1, 64)).logits
+    groups = kernel_layers(model)
+    assert all("onednn_f32" in g[0].kernel_candidates(1) for g in groups.values())
+    apply_kernels(model, {k: ["onednn_f32"] * len(ROW_BUCKETS) for k in groups})
+    layer = next(iter(groups.values()))[0]
+    assert layer.packed is not None
+    with torch.inference_mode():
+        planned = model(tokens, torch.arange(40), model.new_cache(1, 64)).logits
+    assert not torch.equal(planned, static)  # another kernel ran: fp32 sums, rounded once
+    assert (planned.double() - static.double()).abs().max() <= TOL[torch.bfloat16] * static.abs().max()
+    assert torch.equal(planned.argmax(-1), static.argmax(-1))
+    x = torch.randn(3, layer.in_features, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(layer(x), layer.run_kernel(layer.static_kernel(3, x), x))
+    apply_kernels(model, {})
+    assert layer.packed is None

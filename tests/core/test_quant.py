@@ -61,9 +61,16 @@ def test_speculative_greedy_is_lossless_on_int8_weights():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_int4_kernel_is_the_formula(dtype):
-    from specdecode.core.kernels import onednn_pack
+@pytest.mark.parametrize("onednn_bf16", [True, False])
+def test_every_int4_kernel_is_the_formula(dtype, onednn_bf16, monkeypatch):
+    """Every kernel, on a CPU whose oneDNN runs bf16 and on one whose does not (AVX2: then a bf16 layer
+    offers its weight in fp32, ``onednn_f32``)."""
+    import specdecode.core.kernels as kernels
     from specdecode.core.quant import Int4Linear
+
+    if onednn_bf16 and not kernels.onednn_usable(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("this CPU's oneDNN has no bf16")
+    monkeypatch.setattr(kernels, "_onednn_bf16", lambda: onednn_bf16)
 
     g = torch.Generator().manual_seed(2)
     q = torch.randint(0, 16, (48, 64), generator=g)
@@ -72,12 +79,13 @@ def test_every_int4_kernel_is_the_formula(dtype):
     w = (q.double() - 8) * scales.double().repeat_interleave(32, 1) + zeros.double().repeat_interleave(32, 1)
     torch.testing.assert_close(layer.dequantized().double(), w, rtol=0, atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
     assert "int4pack" in layer.kernel_candidates(1)
-    if "onednn" in layer.kernel_candidates(1):
-        layer.packed = onednn_pack(layer.packable_weight())
+    f32 = dtype == torch.bfloat16 and not onednn_bf16
+    assert ("onednn_f32" in layer.kernel_candidates(1)) == f32
     for rows in (1, 3, 40):
         x = torch.randn(rows, 64, generator=g).to(dtype)
         ref = x.double() @ w.t()
         for kernel in (*layer.kernel_candidates(rows), "aten"):
+            kernels.pack(layer, [kernel])
             err = (layer.run_kernel(kernel, x).double() - ref).abs().max() / ref.abs().max()
             assert err <= (2e-2 if dtype == torch.bfloat16 else 1e-5), (kernel, rows, float(err))
     assert layer(torch.randn(2, 3, 64).to(dtype)).shape == (2, 3, 48)

@@ -47,3 +47,25 @@ def test_static_and_unknown_modes(cache):
     assert plan.source == "static" and plan.choices == {} and not any(cache.iterdir())
     with pytest.raises(ValueError, match="use one of auto, static"):
         install_kernels(model, "fast", 2, torch.device("cpu"))
+
+
+def test_fp32_copies_are_offered_only_where_they_fit(cache, monkeypatch):
+    """bf16 where oneDNN has no bf16: the plan may keep fp32 copies of the weights (``onednn_f32``), unless
+    they would take more than a quarter of the memory available; the choice is part of the plan's key."""
+    import specdecode.core.kernels as kernels
+    from specdecode.runtime import kernels as runtime_kernels
+
+    monkeypatch.setattr(kernels, "_onednn_bf16", lambda: False)
+    model = tiny_model(dtype=torch.bfloat16)
+    need = runtime_kernels.f32_copy_bytes(model)
+    weights = sum(g[0].packable_weight().numel() * len(g) for g in kernels.kernel_layers(model).values())
+    assert need == 4 * weights
+    assert runtime_kernels.excluded_kernels(model, available=4 * need) == frozenset()
+    assert runtime_kernels.excluded_kernels(model, available=need) == {"onednn_f32"}
+    assert hardware_key(model, 2) != hardware_key(model, 2, frozenset({"onednn_f32"}))
+    monkeypatch.setattr(runtime_kernels, "available_memory", lambda: need)  # too little: not offered, logged
+    logs = []
+    plan = install_kernels(model, "auto", 2, torch.device("cpu"), log=logs.append)
+    assert "no fp32 weight copies" in logs[0]
+    assert all("onednn_f32" not in picked for picked in plan.choices.values())
+    assert all(layer.packed is None for g in kernels.kernel_layers(model).values() for layer in g)
