@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, notice, runtime_config
 from specdecode.cli.serve import add_batch_args, batch_config
 from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; serve's --compile-max-len)")
     p.add_argument("--serve", action="store_true",
                    help="the graphs `specdecode serve` with these flags runs (continuous batching), not generate's")
+    p.add_argument("--prune", action="store_true",
+                   help="instead of compiling: remove the stored graphs of older step code (each directory's "
+                        "identity.json says which code built it; no process of this code can load them), then exit")
+    p.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
     add_batch_args(p.add_argument_group("serve (with --serve)"))
     add_model_args(p)
     add_spec_args(p)
@@ -43,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
 
+    if args.prune:
+        return prune(args.dry_run, Console(stderr=True))
     if args.max_len < 2:
         raise ValueError(f"--max-len must be at least 2 tokens, got {args.max_len}")
     batch = batch_config(args) if args.serve else None
@@ -85,4 +95,27 @@ def run(args: argparse.Namespace) -> int:
               f"{done.disk_bytes / 1e9:.2f} GB in {', '.join(map(str, done.dirs))}")
     command = "serve" if batch is not None else "generate"
     err.print(f"`specdecode {command}` with the same model and flags now runs them (--compile auto)", markup=False)
+    return 0
+
+
+def prune(dry_run: bool, err: Console) -> int:
+    from pathlib import Path
+
+    from specdecode.runtime.compiling import PackageStore
+
+    store = PackageStore()
+    report = store.prune(dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for where, size in report.removed:
+        err.print(f"{verb} {where} ({size / 1e9:.2f} GB): built by other step code", markup=False, highlight=False)
+
+    def total(found: list[tuple[Path, int]]) -> str:
+        return f"{len(found)} ({sum(size for _, size in found) / 1e9:.2f} GB)"
+
+    err.print(f"{verb} {total(report.removed)} graph directories in {store.root}; kept {total(report.kept)} of this "
+              f"code", markup=False, highlight=False)
+    if report.unrecorded:
+        err.print(f"{total(report.unrecorded)} without a record (stored before records were kept; a directory gets "
+                  f"one when this code loads it) left: delete them by hand if no model still uses them: "
+                  + ", ".join(str(w) for w, _ in report.unrecorded), markup=False, highlight=False)
     return 0

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
+import shutil
 import weakref
 import zipfile
 from collections.abc import Callable
@@ -190,7 +192,9 @@ class PackageStore:
         if not path.is_file():
             return None
         try:
-            return LoadedGraph(path)
+            graph = LoadedGraph(path)
+            _record(path.parent)  # a directory stored before records: this code uses it, so it is current
+            return graph
         except (RuntimeError, OSError, ValueError) as e:
             damaged = not _whole_zip(path)  # cut short or corrupt: removed, built again when building
             if self.log is not None:
@@ -219,7 +223,53 @@ class PackageStore:
                 os.replace(tmp, path)  # whole or not at all
             finally:
                 tmp.unlink(missing_ok=True)
+        _record(path.parent)
         return LoadedGraph(path)
+
+    def prune(self, dry_run: bool = False) -> PruneReport:
+        """Remove the graph directories of other step code or package versions (their record says so):
+        no process of this code can load them. Directories without a record (stored before records,
+        never loaded since) are left, and counted: they may belong to another model or thread count."""
+        report = PruneReport()
+        if not self.root.is_dir():
+            return report
+        for where in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
+            try:
+                record = json.loads((where / RECORD).read_text())
+            except FileNotFoundError:
+                report.unrecorded.append((where, size))
+                continue
+            except (ValueError, OSError):
+                record = {}
+            if record.get("code") == code_identity() and record.get("package_version") == PACKAGE_VERSION:
+                report.kept.append((where, size))
+                continue
+            report.removed.append((where, size))
+            if not dry_run:
+                shutil.rmtree(where, ignore_errors=True)
+        return report
+
+
+RECORD = "identity.json"  # in each graph directory: the step code and package version its graphs were built by
+
+
+@dataclass
+class PruneReport:
+    removed: list[tuple[Path, int]] = field(default_factory=list)  # (directory, bytes)
+    kept: list[tuple[Path, int]] = field(default_factory=list)
+    unrecorded: list[tuple[Path, int]] = field(default_factory=list)
+
+
+def _record(where: Path) -> None:
+    """Write ``where``'s record once (what ``PackageStore.prune`` reads)."""
+    path = where / RECORD
+    if path.exists():
+        return
+    tmp = where / f".{RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps({"code": code_identity(), "package_version": PACKAGE_VERSION,
+                               "machine": machine_key(torch.get_num_threads())}, indent=1))
+    os.replace(tmp, path)
 
 
 def graph_store(device: torch.device, log: Callable[[str], None] | None = None) -> PackageStore | None:

@@ -6,6 +6,7 @@ a damaged one said and left to eager, ``generate --compile auto`` using them."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import random
 import shutil
@@ -138,6 +139,9 @@ def test_stored_graphs_equal_eager_and_a_new_process_loads_them(stored):
     kinds = {k.kind for k, _ in steps.compiled}
     assert any(k.startswith("target") for k in kinds) and any(k.startswith("draft") for k in kinds)
     assert len(list(root.glob("*/*.pt2"))) == len(steps.compiled) and not list(root.glob("*/.building/*"))
+    records = [json.loads(p.read_text()) for p in root.glob("*/identity.json")]  # what compile --prune reads
+    assert len(records) == len({p.parent for p in root.glob("*/*.pt2")}) and all(
+        r["code"] == code_identity() for r in records)
     # a new store (as a new process has) that may not build: every graph loaded, none compiled
     again = CompiledSteps(store=PackageStore(root), build=False)
     with use_steps((model, drafter), again):
@@ -220,3 +224,28 @@ def test_the_code_identity_covers_what_the_steps_import():
     with pytest.raises(ValueError, match="build into a store"):
         precompile(tiny_model(), CompiledSteps(), None, None, 256)
     assert main(["compile", "--compile", "off"]) == 2
+
+
+def test_prune_removes_the_graphs_of_other_code_only(tmp_path, capsys, monkeypatch):
+    """`specdecode compile --prune`: directories whose record names other step code go; this code's stay,
+    and directories without a record (stored before records, maybe another model's) are left and listed."""
+    from specdecode.runtime.compiling import PACKAGE_VERSION, RECORD
+
+    def graph_dir(name: str, code: str | None) -> Path:
+        where = tmp_path / "graphs" / name
+        where.mkdir(parents=True)
+        (where / "target-r1.pt2").write_bytes(b"x" * 1000)
+        if code is not None:
+            (where / RECORD).write_text(json.dumps({"code": code, "package_version": PACKAGE_VERSION}))
+        return where
+
+    current, old, unknown = graph_dir("a", code_identity()), graph_dir("b", "0" * 16), graph_dir("c", None)
+    report = PackageStore(tmp_path / "graphs").prune(dry_run=True)
+    assert [w for w, _ in report.removed] == [old] and old.exists()  # a dry run removes nothing
+    assert [w for w, _ in report.kept] == [current] and [w for w, _ in report.unrecorded] == [unknown]
+    assert report.removed[0][1] > 1000  # its bytes, record included
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    assert main(["compile", "--prune"]) == 0
+    err = capsys.readouterr().err
+    assert not old.exists() and current.exists() and unknown.exists()
+    assert "removed 1 (0.00 GB) graph directories" in err and "1 (0.00 GB) without a record" in err
