@@ -26,15 +26,18 @@ The same graph as a package: export 10 s + AOTInductor 75 s once, then loaded in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import re
 import shutil
+import tempfile
+import threading
 import weakref
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -146,12 +149,39 @@ class LoadedGraph:
     EPYC) and parses the output tree on every call; this does neither."""
 
     def __init__(self, path: Path) -> None:
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        # The loader extracts the package (its library and weights: 150 MB for SmolLM2) into a directory
+        # under $TMPDIR that it removes only when destroyed, which a process ending (a server stopped with
+        # SIGTERM, any exit) does not do: 54 GB of them filled this machine's disk in a day. Extracted into
+        # a directory of our own, removed once loaded: the library stays mapped, the weights in memory.
+        scratch = tempfile.mkdtemp(prefix="specdecode-aoti-")
+        with _tmpdir(scratch):
+            try:
+                self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         self.out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
 
     def __call__(self, *args: torch.Tensor | list[torch.Tensor]) -> Any:
         flat = [t for a in args for t in (a if isinstance(a, list) else (a,))]  # the export's input order
         return pytree.tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
+
+
+_TMPDIR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _tmpdir(path: str) -> Iterator[None]:
+    """$TMPDIR set to ``path`` for a while (the C++ loader reads it), one thread at a time."""
+    with _TMPDIR_LOCK:
+        old = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = path
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = old
 
 
 @dataclass

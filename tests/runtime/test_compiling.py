@@ -143,9 +143,18 @@ def test_stored_graphs_equal_eager_and_a_new_process_loads_them(stored):
     assert len(records) == len({p.parent for p in root.glob("*/*.pt2")}) and all(
         r["code"] == code_identity() for r in records)
     # a new store (as a new process has) that may not build: every graph loaded, none compiled
+    import tempfile
+
+    def extracted() -> set[Path]:
+        tmp = Path(tempfile.gettempdir())
+        return {*tmp.glob("aotinductor_*"), *tmp.glob("specdecode-aoti-*")}
+
+    before = extracted()
     again = CompiledSteps(store=PackageStore(root), build=False)
     with use_steps((model, drafter), again):
         assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt) == eager
+    # the loader's extraction is removed once loaded (it leaked 150 MB per graph and process: a full disk)
+    assert extracted() <= before
     assert again.compiled == [] and sorted(map(str, again.loaded)) == sorted(str(k) for k, _ in steps.compiled)
 
 
