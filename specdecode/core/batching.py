@@ -7,10 +7,9 @@ block into it (one copy of that row's cache), so every batched forward runs over
 contiguous block of rows with per-row lengths (``Transformer.forward(slots=...)``).
 
 Each ``step()``:
-1. prefills chunks of waiting requests, each time the one with the fewest chunks done (so chunks
-   go round the waiting requests: a long prompt does not stall the others for more than a chunk,
-   nor a short prompt behind it for more than one of its chunks), as many as fit in one chunk's
-   tokens (several short prompts, or prompts mostly found in the prefix cache, start together);
+1. prefills one chunk of a waiting request, the one with the fewest chunks done (so chunks go
+   round the waiting requests: a long prompt does not stall the others for more than a chunk,
+   nor a short prompt behind it for more than one of its chunks);
 2. runs one batched step over every decoding request, chosen by the spec policy:
    - plain: one target forward over one token per row;
    - speculative: ``core.speculative.spec_cycle``, the one cycle a request alone also runs
@@ -470,7 +469,7 @@ class BatchEngine:
     def _step(self) -> StepReport:
         report = StepReport()
         if self.decoding < len(self.rows):
-            self._prefill(report)
+            self._prefill_chunk(report)
             self._release_finished(report)  # a request may end with its first token
         if self.decoding:
             batch = self.decoding
@@ -500,34 +499,13 @@ class BatchEngine:
 
     # ------------------------------------------------------------ prefill
 
-    def _prefill(self, report: StepReport) -> None:
-        """Chunks of waiting requests while the next one fits in the step's budget of one chunk's tokens
-        (the first always does). Each request's chunks are the ones it gets alone: its own prompt cut
-        every ``prefill_chunk`` tokens, whatever else is prefilled in the step. One chunk per step made
-        four requests joining together wait for a chunk and a decode step each: TTFT 218 ms at c=4 with
-        96% of their prompts cached (benchmarks/results/serve-prefix)."""
-        budget = self.config.prefill_chunk
-        while self.decoding < len(self.rows):
-            j = self._next_prefill()
-            row = self.rows[j]
-            size = min(self.config.prefill_chunk, len(row.prompt) - row.length)
-            if size > budget:
-                return
-            self._prefill_chunk(report, j)
-            budget -= size
-
-    def _next_prefill(self) -> int:
+    def _prefill_chunk(self, report: StepReport) -> None:
         # The waiting request with the fewest chunks prefilled so far (then the earliest): chunks go round
         # the waiting requests, so a short prompt behind a long one starts after one of its chunks, not
         # after all of them (a 7001-token prompt held a short request's first token 17.6 s: issue 26)
         chunk = self.config.prefill_chunk
-        return min(range(self.decoding, len(self.rows)),
-                   key=lambda i: (-(-(self.rows[i].length - self.rows[i].cached) // chunk), self.rows[i].arrived))
-
-    def _prefill_chunk(self, report: StepReport, j: int | None = None) -> None:
-        """One prefill chunk of waiting row ``j`` (default: the next in turn); at the prompt's end its first
-        token, and the row joins the decoding block."""
-        j = self._next_prefill() if j is None else j
+        j = min(range(self.decoding, len(self.rows)),
+                key=lambda i: (-(-(self.rows[i].length - self.rows[i].cached) // chunk), self.rows[i].arrived))
         row = self.rows[j]
         a = row.length
         b = min(a + self.config.prefill_chunk, len(row.prompt))

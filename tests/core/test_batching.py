@@ -292,27 +292,3 @@ def test_a_short_prompt_behind_a_long_one_starts_after_one_chunk(model):
     assert first["short"] == 2 and first["long"] == 16
     for key, prompt in (("long", long), ("short", short)):
         assert out[key] == Engine(model, Tok()).generate(prompt, options).token_ids
-
-
-def test_short_prompts_joining_together_start_in_one_step(model):
-    """Prefill chunks of several waiting requests share one step while they fit in one chunk's tokens: four
-    4-token prompts all get their first token on the first step; four 10-token prompts (40 > 16 tokens) one
-    per step. Each decodes as alone."""
-    options = GenerateOptions(max_new_tokens=3, stop_token_ids=())
-    for size, first_steps in ((4, [1, 1, 1, 1]), (10, [1, 2, 3, 4])):
-        prompts = [[5 + i + k for k in range(size)] for i in range(4)]
-        engine = BatchEngine(model, Tok(), config=BatchConfig(slots=4, prefill_chunk=16, spec_policy="never"))
-        for i, p in enumerate(prompts):
-            engine.add(i, p, options)
-        first: dict[int, int] = {}
-        out: dict[int, list[int]] = {i: [] for i in range(4)}
-        step = 0
-        while engine.active:
-            step += 1
-            report = engine.step()
-            assert report.prefill_tokens <= 16
-            for key, chunk in report.events:
-                first.setdefault(key, step)
-                out[key] += chunk.token_ids
-        assert [first[i] for i in range(4)] == first_steps
-        assert [out[i] for i in range(4)] == [Engine(model, Tok()).generate(p, options).token_ids for p in prompts]
