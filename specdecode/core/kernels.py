@@ -248,7 +248,7 @@ class KernelDispatch:
         x2 = x.reshape(rows, x.shape[-1])
         kernel = (self.kernels[bucket_of(rows)] if self.kernels is not None and self.plan_applies(x)
                   else self.static_kernel(rows, x))
-        if torch.compiler.is_compiling():
+        if kernel in PACKED_KERNELS and torch.compiler.is_compiling():  # asked only then: ~300 calls a step
             if kernel == "onednn":
                 kernel = "aten"
             elif kernel == ONEDNN_F32:  # not traced (an opaque weight); in graphs the layer's own rule
