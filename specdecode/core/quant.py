@@ -121,14 +121,27 @@ class Int8Linear(KernelDispatch, nn.Module):
 _INT4_GROUP = 32
 
 
+NATIVE_Q4 = "q4_avx2"  # specdecode::q4_linear (core/csrc/q4_avx2.cpp), once runtime.native has loaded it
+
+
+def native_q4_loaded() -> bool:
+    """Whether the project's own 4-bit kernel is registered (``runtime.native.load_native``)."""
+    try:
+        return hasattr(torch.ops.specdecode, "q4_linear")
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class Int4Linear(KernelDispatch, nn.Module):
     """A linear layer with 4-bit weights in groups of 32 along the input, each group with a scale
     and a zero: w = (q - 8) * scale + zero for q in 0..15 (so Q4_1's d * q + m has scale d, zero
     m + 8d, and Q4_0's d * (q - 8) has zero 0). y = x @ w^T."""
 
-    q: Tensor  # [out, in] uint8 in 0..15 (a buffer; kept for reference and non-CPU devices)
+    qs: Tensor  # [out, in / 2] uint8: per group of 32, q[j] | q[j + 16] << 4 (GGUF's order; a buffer)
     int4pack: Tensor  # the CPU kernel's packed layout of q (a buffer)
     scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
+    scales: Tensor  # [out, in / 32] float32: the same scales, for ``q4_avx2``
+    mins: Tensor  # [out, in / 32] float32: zero - 8 * scale, so that w = q * scale + min
 
     def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
         """q [out, in] integers 0..15; scales, zeros [out, in / 32] (float32, as the file gives them)."""
@@ -140,17 +153,28 @@ class Int4Linear(KernelDispatch, nn.Module):
         if int(q.min()) < 0 or int(q.max()) > 15:
             raise ValueError("4-bit weight values must lie in 0..15")
         self.in_features, self.out_features = in_f, out_f
-        self.register_buffer("q", q.to(torch.uint8).contiguous())
+        halves = q.to(torch.uint8).reshape(out_f, in_f // _INT4_GROUP, 2, _INT4_GROUP // 2)
+        self.register_buffer("qs", (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(out_f, in_f // 2).contiguous())
         # the CPU kernel packs 16 output rows at a time; other shapes run the other kernels
         self.register_buffer("int4pack", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).cpu().contiguous(), 1) if out_f % 16 == 0 else torch.empty(0, dtype=torch.uint8))
-        self.register_buffer("scales_and_zeros", torch.stack((scales.t(), zeros.t()), dim=-1).to(dtype).contiguous())
+        sz = torch.stack((scales.t(), zeros.t()), dim=-1).to(dtype).contiguous()
+        self.register_buffer("scales_and_zeros", sz)
+        # every kernel computes with the same (model-dtype) scales and zeros
+        self.register_buffer("scales", sz[..., 0].t().float().contiguous())
+        self.register_buffer("mins", (sz[..., 1].t().float() - 8 * self.scales).contiguous())
         self.bias = None
+
+    def unpacked(self) -> Tensor:
+        """q [out, in] uint8 in 0..15."""
+        out_f, in_f = self.out_features, self.in_features
+        b = self.qs.view(out_f, in_f // _INT4_GROUP, 1, _INT4_GROUP // 2)
+        return torch.cat((b & 15, b >> 4), dim=2).reshape(out_f, in_f)
 
     def dequantized(self) -> Tensor:
         """The weight this layer computes with [out, in], in float32."""
         sz = self.scales_and_zeros.float().repeat_interleave(_INT4_GROUP, dim=0)  # [in, out, 2]
-        return (self.q.float() - 8) * sz[..., 0].t() + sz[..., 1].t()
+        return (self.unpacked().float() - 8) * sz[..., 0].t() + sz[..., 1].t()
 
     def plan_applies(self, x: Tensor) -> bool:
         return x.dtype == self.scales_and_zeros.dtype
@@ -159,11 +183,14 @@ class Int4Linear(KernelDispatch, nn.Module):
         return "int4pack" if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel() else "aten"
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
-        """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``onednn``
+        """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``q4_avx2``
+        (the project's own, activations in int16 per block of 32: core/csrc/q4_avx2.cpp), ``onednn``
         (the dequantized weight, packed once) or ``aten`` (dequantized on every call: reference)."""
         if kernel == "int4pack":
             return cast(Tensor, torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.contiguous(), self.int4pack, _INT4_GROUP, self.scales_and_zeros))
+        if kernel == NATIVE_Q4:
+            return cast(Tensor, torch.ops.specdecode.q4_linear(x2, self.qs, self.scales, self.mins))
         if kernel == "onednn" and self.packed is not None:
             return onednn_linear(x2, self.packed, None)
         if kernel == ONEDNN_F32 and self.packed is not None:
@@ -178,6 +205,10 @@ class Int4Linear(KernelDispatch, nn.Module):
         found = []
         if device.type == "cpu" and dtype in _KERNEL_DTYPES and self.int4pack.numel():
             found.append("int4pack")
+        # bf16 only: its int16 activations are exact to about 2^-15 of each block's largest value, well
+        # inside bf16's rounding but not float32's (a float32 layer keeps kernels exact to float32)
+        if device.type == "cpu" and dtype == torch.bfloat16 and native_q4_loaded():
+            found.append(NATIVE_Q4)
         if onednn_usable(dtype, device):
             found.append("onednn")
         if onednn_f32_offered(dtype, device):

@@ -57,6 +57,11 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def machine_cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (``/proc/cpuinfo``; empty where it has none)."""
+    return _cpu_flags()
+
+
 def fast_bf16(device: torch.device, cpu_flags: frozenset[str] | None = None) -> tuple[bool, str]:
     """Whether ``device`` computes bf16 natively, and the evidence, in words."""
     if device.type == "cuda":

@@ -101,6 +101,8 @@ def code_identity() -> str:
     root = Path(core_package.__file__).parent
     for name in TRACED_MODULES:
         h.update(name.encode() + (root / f"{name}.py").read_bytes())
+    for src in sorted((root / "csrc").glob("*.cpp")):  # the native kernels graphs call (runtime.native)
+        h.update(src.name.encode() + src.read_bytes())
     return h.hexdigest()[:16]
 
 

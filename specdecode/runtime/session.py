@@ -20,6 +20,7 @@ from specdecode.runtime.compiling import graph_store, install_compiled, resolve_
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
+from specdecode.runtime.native import load_native
 from specdecode.runtime.sharding import CommMeter, apply_tensor_parallel
 from specdecode.runtime.weights import weight_format
 
@@ -120,6 +121,8 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
     fmt.apply(loaded.model, loaded.source, dtype)
+    if device.type == "cpu" and config.weights == "q4":
+        load_native(log)  # its 4-bit kernel joins the kernel plan's candidates (runtime.native)
     plan = install_kernels(loaded.model, config.kernels, threads, device, log)  # ``log`` hears a long measurement
     compiled = install_compiled(loaded.model, device, on_compile, graph_store(device, log)) if use_compiled else None
     if compiled is None and config.compile == AUTO and config.stored_graphs and size == 1:
