@@ -50,6 +50,19 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # 8 rows 66 vs 110, 32 rows 238 vs 174; lm_head [49152x576] 32 rows 22.7 vs 25.7 ms, 64 rows
 # 45.0 vs 29.9 ms. Decode and the verify trees the engine uses (3-16 tokens) stay on the kernel.
 _KERNEL_MAX_ROWS = 32
+# The project's own kernels (core/csrc/avx2_linear.cpp: activations in int16 per block of 32, exact to
+# about 2^-15 of each block's largest value, well inside bf16's rounding but not float32's, so they are
+# offered to bf16 layers only), once ``runtime.native.load_native`` has registered them.
+NATIVE_Q4 = "q4_avx2"  # specdecode::q4_linear
+NATIVE_I8 = "i8_avx2"  # specdecode::i8_linear
+
+
+def native_loaded() -> bool:
+    """Whether the project's own CPU kernels are registered (``runtime.native.load_native``)."""
+    try:
+        return hasattr(torch.ops.specdecode, "q4_linear")
+    except (AttributeError, RuntimeError):
+        return False
 
 
 class Int8Linear(KernelDispatch, nn.Module):
@@ -87,6 +100,8 @@ class Int8Linear(KernelDispatch, nn.Module):
         converted weight, packed once)."""
         if kernel == "int8pack":
             out = cast(Tensor, torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight_int8, self.scales))
+        elif kernel == NATIVE_I8:
+            out = cast(Tensor, torch.ops.specdecode.i8_linear(x2, self.weight_int8, self.scales))
         elif kernel == "onednn" and self.packed is not None:
             out = onednn_linear(x2, self.packed, None) * self.scales
         else:
@@ -101,6 +116,8 @@ class Int8Linear(KernelDispatch, nn.Module):
         found = ["aten"]
         if device.type == "cpu" and dtype in _KERNEL_DTYPES:
             found.append("int8pack")
+        if device.type == "cpu" and dtype == torch.bfloat16 and self.in_features % 32 == 0 and native_loaded():
+            found.append(NATIVE_I8)
         if onednn_usable(dtype, device):
             found.append("onednn")
         return tuple(found)
@@ -121,15 +138,6 @@ class Int8Linear(KernelDispatch, nn.Module):
 _INT4_GROUP = 32
 
 
-NATIVE_Q4 = "q4_avx2"  # specdecode::q4_linear (core/csrc/q4_avx2.cpp), once runtime.native has loaded it
-
-
-def native_q4_loaded() -> bool:
-    """Whether the project's own 4-bit kernel is registered (``runtime.native.load_native``)."""
-    try:
-        return hasattr(torch.ops.specdecode, "q4_linear")
-    except (AttributeError, RuntimeError):
-        return False
 
 
 class Int4Linear(KernelDispatch, nn.Module):
@@ -184,7 +192,7 @@ class Int4Linear(KernelDispatch, nn.Module):
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
         """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``q4_avx2``
-        (the project's own, activations in int16 per block of 32: core/csrc/q4_avx2.cpp), ``onednn``
+        (the project's own, activations in int16 per block of 32: core/csrc/avx2_linear.cpp), ``onednn``
         (the dequantized weight, packed once) or ``aten`` (dequantized on every call: reference)."""
         if kernel == "int4pack":
             return cast(Tensor, torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -205,9 +213,7 @@ class Int4Linear(KernelDispatch, nn.Module):
         found = []
         if device.type == "cpu" and dtype in _KERNEL_DTYPES and self.int4pack.numel():
             found.append("int4pack")
-        # bf16 only: its int16 activations are exact to about 2^-15 of each block's largest value, well
-        # inside bf16's rounding but not float32's (a float32 layer keeps kernels exact to float32)
-        if device.type == "cpu" and dtype == torch.bfloat16 and native_q4_loaded():
+        if device.type == "cpu" and dtype == torch.bfloat16 and native_loaded():
             found.append(NATIVE_Q4)
         if onednn_usable(dtype, device):
             found.append("onednn")

@@ -22,7 +22,7 @@ from specdecode.core import quant
 from specdecode.io.paths import cache_root
 from specdecode.runtime.autoformat import machine_cpu_flags
 
-SOURCES = (Path(quant.__file__).parent / "csrc" / "q4_avx2.cpp",)
+SOURCES = (Path(quant.__file__).parent / "csrc" / "avx2_linear.cpp",)
 NEEDS_FLAGS = frozenset({"avx2", "fma"})  # the instructions the sources are compiled for
 
 _lock = threading.Lock()
@@ -102,3 +102,7 @@ def _register_fakes() -> None:
     @torch.library.register_fake("specdecode::q4_linear")
     def _q4_linear(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], qs.shape[0])
+
+    @torch.library.register_fake("specdecode::i8_linear")
+    def _i8_linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], w.shape[0])

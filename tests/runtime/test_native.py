@@ -4,7 +4,7 @@ the kernel plan only when loaded, equal to the formula, traceable into compiled 
 import pytest
 import torch
 
-from specdecode.core.quant import NATIVE_Q4, Int4Linear, native_q4_loaded
+from specdecode.core.quant import NATIVE_I8, NATIVE_Q4, Int4Linear, Int8Linear, native_loaded
 from specdecode.runtime import native
 
 
@@ -22,7 +22,7 @@ def loaded():
     reason = native.load_native()
     if reason is not None:
         pytest.skip(f"native kernels unavailable here: {reason}")
-    assert native_q4_loaded()
+    assert native_loaded()
 
 
 def _layer(n, k, dtype, seed=0):
@@ -32,23 +32,34 @@ def _layer(n, k, dtype, seed=0):
     return Int4Linear(q, scales, zeros, dtype), g
 
 
+def _check_formula(layer, kernel, n, k, dtype, g):
+    """1-17 activation rows (the kernel's 2-row tile and the rest) against the layer's own dequantized
+    weight in float64. The activations' int16 step is 2^-15 of each block's largest value: float32
+    results agree to ~1e-4 of the output's scale, which is why the plan offers these kernels to bf16
+    layers only."""
+    assert (kernel in layer.kernel_candidates(1)) == (dtype == torch.bfloat16)
+    w = layer.dequantized().double()
+    for rows in (1, 2, 3, 17):
+        x = torch.randn(rows, k, generator=g).to(dtype)
+        out = layer.run_kernel(kernel, x)
+        assert out.dtype == dtype and out.shape == (rows, n)
+        ref = x.double() @ w.t()
+        err = float((out.double() - ref).abs().max() / ref.abs().max())
+        assert err <= (1e-2 if dtype == torch.bfloat16 else 2e-4), (kernel, n, k, rows, err)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_q4_kernel_is_the_formula(loaded, dtype):
-    """Output rows not a multiple of the kernel's 4-row tile, 1-17 activation rows (its 2-row tile and the
-    rest), a 1536-wide input; against the layer's own dequantized weight in float64. The activations' int16
-    step is 2^-15 of each block's largest value: float32 results agree to ~1e-4 of the output's scale, which
-    is why the kernel plan offers the kernel to bf16 layers only."""
+@pytest.mark.parametrize("kind", ["q4", "i8"])
+def test_kernel_is_the_formula(loaded, dtype, kind):
+    """4-bit blocks and int8 rows (the q4 format's lm_head); output rows not a multiple of the kernel's
+    4-row tile, and a 1536-wide input."""
     for n, k in ((45, 64), (64, 1536)):
-        layer, g = _layer(n, k, dtype)
-        assert (NATIVE_Q4 in layer.kernel_candidates(1)) == (dtype == torch.bfloat16)
-        w = layer.dequantized().double()
-        for rows in (1, 2, 3, 17):
-            x = torch.randn(rows, k, generator=g).to(dtype)
-            out = layer.run_kernel(NATIVE_Q4, x)
-            assert out.dtype == dtype and out.shape == (rows, n)
-            ref = x.double() @ w.t()
-            err = float((out.double() - ref).abs().max() / ref.abs().max())
-            assert err <= (1e-2 if dtype == torch.bfloat16 else 2e-4), (n, k, rows, err)
+        if kind == "q4":
+            layer, g = _layer(n, k, dtype)
+        else:
+            g = torch.Generator().manual_seed(n)
+            layer = Int8Linear(torch.randn(n, k, generator=g).to(dtype))
+        _check_formula(layer, NATIVE_Q4 if kind == "q4" else NATIVE_I8, n, k, dtype, g)
 
 
 def test_q4_kernel_massive_activation_and_non_finite(loaded):
@@ -73,6 +84,8 @@ def test_q4_kernel_refuses_bad_shapes(loaded):
         torch.ops.specdecode.q4_linear(torch.randn(1, 48), layer.qs, layer.scales, layer.mins)
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
         torch.ops.specdecode.q4_linear(torch.randn(1, 64, dtype=torch.float64), layer.qs, layer.scales, layer.mins)
+    with pytest.raises(RuntimeError, match="int8"):
+        torch.ops.specdecode.i8_linear(torch.randn(1, 64), layer.qs, torch.ones(32))
 
 
 def test_q4_kernel_compiles_into_a_graph(loaded):

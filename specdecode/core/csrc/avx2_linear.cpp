@@ -1,4 +1,6 @@
-// specdecode::q4_linear: y = x @ w^T for 4-bit weights in GGUF's Q4 block order, on AVX2 + FMA.
+// Linear layers with reduced weights on AVX2 + FMA, activations in int16 per block of 32 (below):
+// specdecode::q4_linear for 4-bit weights in GGUF's Q4 block order, specdecode::i8_linear for int8
+// weights with one scale per output row.
 //
 // Weights: qs [N, K/2] uint8, per block of 32 inputs 16 bytes whose low nibbles are inputs 0-15 and
 // high nibbles inputs 16-31 (GGUF's Q4_0/Q4_1 order); w = q * scales[n, g] + mins[n, g] (fp32 [N, K/32]).
@@ -76,6 +78,19 @@ const Acts& quantize(const T* x, int64_t M, int64_t K) {
   return a;
 }
 
+// Group g of MB activation rows from m: inputs 0-15 and 16-31 as int16, and the group's scale
+template <int MB>
+inline void load_acts(const Acts& a, int64_t m, int64_t K, int64_t g, __m256i (&x0)[MB], __m256i (&x1)[MB],
+                      __m256 (&xs)[MB]) {
+  const int64_t G = K / 32;
+  for (int i = 0; i < MB; ++i) {
+    const int16_t* xr = a.q.data() + (m + i) * K + g * 32;
+    x0[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
+    x1[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 16));
+    xs[i] = _mm256_broadcast_ss(a.scale.data() + (m + i) * G + g);
+  }
+}
+
 // MB activation rows against NB weight rows starting at row n; y [M, N] fp32
 template <int MB, int NB>
 inline void tile(const uint8_t* qs, const float* scales, const float* mins, int64_t K, const Acts& a, int64_t m,
@@ -88,12 +103,7 @@ inline void tile(const uint8_t* qs, const float* scales, const float* mins, int6
   for (int64_t g = 0; g < G; ++g) {
     __m256i x0[MB], x1[MB];
     __m256 xs[MB];
-    for (int i = 0; i < MB; ++i) {
-      const int16_t* xr = a.q.data() + (m + i) * K + g * 32;
-      x0[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
-      x1[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 16));
-      xs[i] = _mm256_broadcast_ss(a.scale.data() + (m + i) * G + g);
-    }
+    load_acts<MB>(a, m, K, g, x0, x1, xs);
     for (int r = 0; r < NB; ++r) {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + (n + r) * (K / 2) + g * 16));
       const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(v, low4));
@@ -152,12 +162,82 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
   return xc.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// int8 weights [N, K] with scales [N]: MB activation rows against NB weight rows starting at row n. Its
+// own copy of tile: one template shared by both formats (weights behind a small struct) measured 1.2x
+// slower on the 4-bit layers (9.8 against 7.9 ms a step, same process).
+template <int MB, int NB, typename S>
+inline void tile8(const int8_t* w, const S* scales, int64_t K, const Acts& a, int64_t m, float* y, int64_t N,
+                  int64_t n) {
+  const int64_t G = K / 32;
+  __m256 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < NB; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256i x0[MB], x1[MB];
+    __m256 xs[MB];
+    load_acts<MB>(a, m, K, g, x0, x1, xs);
+    for (int r = 0; r < NB; ++r) {
+      const int8_t* wr = w + (n + r) * K + g * 32;
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr)));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 16)));
+      for (int i = 0; i < MB; ++i) {
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, x0[i]), _mm256_madd_epi16(w1, x1[i]));
+        acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), xs[i], acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int r = 0; r < NB; ++r) y[(m + i) * N + n + r] = hsum(acc[i][r]) * static_cast<float>(scales[n + r]);
+}
+
+template <int NB, typename S>
+inline void rows8(const int8_t* w, const S* scales, int64_t K, const Acts& a, int64_t M, float* y, int64_t N,
+                  int64_t n) {
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) tile8<2, NB>(w, scales, K, a, m, y, N, n);
+  for (; m < M; ++m) tile8<1, NB>(w, scales, K, a, m, y, N, n);
+}
+
+template <typename S>
+void i8_run(const int8_t* w, const S* scales, int64_t K, const Acts& a, int64_t M, float* y, int64_t N) {
+  constexpr int NB = 4;
+  const int64_t blocks = N / NB;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) rows8<NB>(w, scales, K, a, M, y, N, b * NB);
+  });
+  for (int64_t n = blocks * NB; n < N; ++n) rows8<1>(w, scales, K, a, M, y, N, n);
+}
+
+at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2, "i8_linear: x must be [rows, in], got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "i8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(K % 32 == 0, "i8_linear: the input width must be a multiple of 32, got ", K);
+  TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == K && w.is_contiguous(),
+              "i8_linear: w must be contiguous int8 [out, ", K, "], got ", w.sizes());
+  TORCH_CHECK((scales.scalar_type() == at::kBFloat16 || scales.scalar_type() == at::kFloat) && scales.dim() == 1 &&
+                  scales.size(0) == N && scales.is_contiguous(),
+              "i8_linear: scales must be contiguous bfloat16 or float32 [", N, "], got ", scales.sizes());
+  const at::Tensor xc = x.contiguous();
+  const Acts& a = xc.scalar_type() == at::kFloat ? quantize(xc.data_ptr<float>(), M, K)
+                                                  : quantize(xc.data_ptr<at::BFloat16>(), M, K);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (scales.scalar_type() == at::kFloat)
+    i8_run(w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, a, M, y.data_ptr<float>(), N);
+  else
+    i8_run(w.data_ptr<int8_t>(), scales.data_ptr<at::BFloat16>(), K, a, M, y.data_ptr<float>(), N);
+  return xc.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdecode, m) {
   m.def("q4_linear(Tensor x, Tensor qs, Tensor scales, Tensor mins) -> Tensor");
+  m.def("i8_linear(Tensor x, Tensor w, Tensor scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdecode, CPU, m) {
   m.impl("q4_linear", &q4_linear);
+  m.impl("i8_linear", &i8_linear);
 }
