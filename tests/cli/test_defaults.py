@@ -72,7 +72,9 @@ def test_generate_and_bench_measure_the_same_choice(tmp_path):
                    "--runs", "1", "--warmup", "0", "--no-store", "--out", str(out))
     bench = json.loads(out.read_text())
     shape = {k: choice[k] for k in ("num_steps", "topk", "num_draft_tokens")}
-    assert bench["spec_configs"]["eagle3"] == gen["spec_config"] == shape
+    assert bench["spec_configs"]["eagle3"] == shape
+    # generate decodes plain when every shape is predicted slower than plain steps (bench still speculates)
+    assert gen["spec_config"] == shape or (gen["spec_config"] is None and choice["candidates"][0]["speedup"] <= 1.0)
     assert bench["spec_choices"]["eagle3"]["costs"].startswith("cached")
 
 
