@@ -11,4 +11,5 @@ echo "== ruff"
 echo "== mypy (strict on specdecode.core)"
 .venv/bin/mypy
 echo "== tests"
-exec .venv/bin/python -m pytest -q "$@"
+# the slowest tests in every log: CI must stay under 30 minutes on a 2-core machine
+exec .venv/bin/python -m pytest -q --durations=20 "$@"
