@@ -31,6 +31,16 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
+// sum of a[g] * b[g], 8 at a time (the mins' share of a row: 48 scalar steps a row for a 1536-wide input)
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= n; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + g), _mm256_loadu_ps(b + g), acc);
+  float rest = 0.f;
+  for (; g < n; ++g) rest += a[g] * b[g];
+  return hsum(acc) + rest;
+}
+
 struct Acts {  // one call's activations, quantized per block of 32 (buffers reused by the calling thread)
   std::vector<int16_t> q;  // [M, K]
   std::vector<float> scale, sum;  // [M, G]
@@ -119,9 +129,7 @@ inline void tile(const uint8_t* qs, const float* scales, const float* mins, int6
     for (int r = 0; r < NB; ++r) {
       const float* mr = mins + (n + r) * G;
       const float* xsum = a.sum.data() + (m + i) * G;
-      float b = 0.f;
-      for (int64_t g = 0; g < G; ++g) b += mr[g] * xsum[g];
-      y[(m + i) * N + n + r] = hsum(acc[i][r]) + b;
+      y[(m + i) * N + n + r] = hsum(acc[i][r]) + dot(mr, xsum, G);
     }
 }
 
