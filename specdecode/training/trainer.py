@@ -340,7 +340,20 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     report(TrainStarted(len(rows), len(heldout), len(d2t), coverage, total, per_epoch, state["step"],
                         str(ckpt) if resumed else None, precision))
 
+    def evaluate_now() -> None:
+        ev = evaluate(drafter, target, ds, heldout, cfg.eval_settings, aux, t2d, t2d_index, tokens_mm)
+        state["evals"].append({"step": state["step"], **asdict(ev)})
+        _track_best(state, ev.accept_length, cfg, lambda: _save_output(drafter, out / "best", state, rows,
+                                                                        coverage, cfg))
+        best = state.get("best") or {}
+        report(EvalDone(state["step"], ev, best.get("step"), best.get("accept_length", float("nan")),
+                        bool(state.get("stopped_early"))))
+
     t_start = time.perf_counter()
+    if cfg.init_from and heldout and not state["evals"]:
+        # the starting drafter is the first candidate: a continued run never ships worse than it
+        # began, and its curve starts from the starting point's own held-out figure
+        evaluate_now()
     while state["step"] < total and not state.get("stopped_early"):
         batches = make_batches(rows, cfg, state["epoch"])
         while state["batch"] < len(batches) and state["step"] < total and not state.get("stopped_early"):
@@ -370,13 +383,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
             state["log"].append(record)
             report(StepDone(state["step"], total, record))
             if heldout and (state["step"] % cfg.eval_every == 0 or state["step"] == total):
-                ev = evaluate(drafter, target, ds, heldout, cfg.eval_settings, aux, t2d, t2d_index, tokens_mm)
-                state["evals"].append({"step": state["step"], **asdict(ev)})
-                _track_best(state, ev.accept_length, cfg, lambda: _save_output(drafter, out / "best", state, rows,
-                                                                                coverage, cfg))
-                best = state.get("best") or {}
-                report(EvalDone(state["step"], ev, best.get("step"), best.get("accept_length", float("nan")),
-                                bool(state.get("stopped_early"))))
+                evaluate_now()
             if state["step"] % cfg.save_every == 0 or state["step"] == total:
                 save_checkpoint(ckpt, drafter, opt, state)
         if state["batch"] >= len(batches):

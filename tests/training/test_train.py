@@ -373,6 +373,11 @@ def test_init_from_a_trained_drafter_continues_from_its_weights(tiny_setup):
     assert proc.returncode == 0, proc.stderr
     a, b = load_file(str(first / "model.safetensors")), load_file(str(cont / "model.safetensors"))
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    # the starting drafter is evaluated before the first step: the curve starts from it, and with
+    # nothing learnt it stays the best (the one --select best would write)
+    state = json.loads((cont / "checkpoint" / "trainer_state.json").read_text())
+    assert state["evals"][0]["step"] == 0 and state["best"]["step"] == 0
+    assert "step 0: held-out accept length" in proc.stderr
     proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--max-steps", "2", "--init-from", str(first),
                                     "--draft-vocab-size", "32"), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "pass --draft-vocab-size 64" in proc.stderr
