@@ -78,6 +78,45 @@ def test_q4_kernel_massive_activation_and_non_finite(loaded):
     assert not torch.isfinite(layer.run_kernel(NATIVE_Q4, x)).all()
 
 
+@pytest.mark.parametrize("kind", ["q4", "i8"])
+def test_kernel_threads_and_odd_inputs(loaded, kind):
+    """Enough output rows for at::parallel_for to split them over two threads (more than 16 tiles of
+    4), with a tail of 3; a non-contiguous input (a column slice, a transpose); no rows at all."""
+    n, k = 203, 96
+    g = torch.Generator().manual_seed(11)
+    layer = _layer(n, k, torch.bfloat16, seed=11)[0] if kind == "q4" else Int8Linear(
+        torch.randn(n, k, generator=g).to(torch.bfloat16))
+    kernel = NATIVE_Q4 if kind == "q4" else NATIVE_I8
+    w = layer.dequantized().double()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        wide = torch.randn(5, k + 32, generator=g).to(torch.bfloat16)
+        for x in (torch.randn(5, k, generator=g).to(torch.bfloat16), wide[:, 16:16 + k],
+                  torch.randn(k, 3, generator=g).to(torch.bfloat16).t()):
+            ref = x.double() @ w.t()
+            out = layer.run_kernel(kernel, x)
+            assert float((out.double() - ref).abs().max() / ref.abs().max()) <= 1e-2
+            assert torch.equal(out, layer.run_kernel(kernel, x.contiguous()))
+        assert layer.run_kernel(kernel, torch.empty(0, k, dtype=torch.bfloat16)).shape == (0, n)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_tiny_blocks_and_nan(loaded):
+    """Values near float32's smallest normal (32767 / top overflows) are quantized like any others, not
+    turned to garbage; a nan anywhere in a block gives a non-finite output."""
+    layer, g = _layer(8, 64, torch.float32, seed=7)
+    layer_bf = _layer(8, 64, torch.bfloat16, seed=7)[0]
+    x = torch.randn(1, 64, generator=g) * 1e-36
+    ref = x.double() @ layer.dequantized().double().t()
+    for lay in (layer, layer_bf):
+        out = torch.ops.specdecode.q4_linear(x.to(lay.scales_and_zeros.dtype), lay.qs, lay.scales, lay.mins).double()
+        assert float((out - ref).abs().max() / ref.abs().max()) <= 1e-2
+    x[0, 3] = float("nan")
+    assert not torch.isfinite(torch.ops.specdecode.q4_linear(x, layer.qs, layer.scales, layer.mins)).any()
+
+
 def test_q4_kernel_refuses_bad_shapes(loaded):
     layer, _ = _layer(32, 64, torch.float32)
     with pytest.raises(RuntimeError, match="multiple of 32"):
@@ -86,6 +125,10 @@ def test_q4_kernel_refuses_bad_shapes(loaded):
         torch.ops.specdecode.q4_linear(torch.randn(1, 64, dtype=torch.float64), layer.qs, layer.scales, layer.mins)
     with pytest.raises(RuntimeError, match="int8"):
         torch.ops.specdecode.i8_linear(torch.randn(1, 64), layer.qs, torch.ones(32))
+    with pytest.raises(RuntimeError, match="qs must be contiguous uint8"):  # 1-d: refused before its size is read
+        torch.ops.specdecode.q4_linear(torch.randn(1, 64), layer.qs.flatten(), layer.scales, layer.mins)
+    with pytest.raises(RuntimeError, match="w must be contiguous int8"):
+        torch.ops.specdecode.i8_linear(torch.randn(1, 64), torch.zeros(64, dtype=torch.int8), torch.ones(32))
 
 
 def test_q4_kernel_compiles_into_a_graph(loaded):

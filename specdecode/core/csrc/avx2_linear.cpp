@@ -41,7 +41,9 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return hsum(acc) + rest;
 }
 
-struct Acts {  // one call's activations, quantized per block of 32 (buffers reused by the calling thread)
+// One call's activations, quantized per block of 32. The buffers are reused by the calling thread and
+// keep their largest size: a 4096-row prefill through a 1536-wide layer leaves ~14 MB per thread.
+struct Acts {
   std::vector<int16_t> q;  // [M, K]
   std::vector<float> scale, sum;  // [M, G]
 };
@@ -62,17 +64,25 @@ const Acts& quantize(const T* x, int64_t M, int64_t K) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int64_t i = 0; i < M * G; ++i) {
     __m256 v[4];
-    __m256 mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
+    __m256 mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
     for (int j = 0; j < 4; ++j) {
       v[j] = load8(x + i * 32 + j * 8);
-      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));  // a nan may be dropped here: counted below
       sm = _mm256_add_ps(sm, v[j]);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float top = _mm_cvtss_f32(m4);
-    const __m256 inv = _mm256_set1_ps(top > 0.f ? 32767.f / top : 0.f);
+    // below ~1e-34, 32767 / top overflows: such a block is first scaled by 2^64 (exact), so it is
+    // quantized like any other instead of turning to garbage
+    float t = top;
+    if (top > 0.f && !std::isfinite(32767.f / top)) {
+      for (int j = 0; j < 4; ++j) v[j] = _mm256_mul_ps(v[j], _mm256_set1_ps(0x1p64f));
+      t = top * 0x1p64f;
+    }
+    const __m256 inv = _mm256_set1_ps(t > 0.f ? 32767.f / t : 0.f);
     // round to nearest (the default MXCSR mode), pack to int16; packs works per 128-bit lane: reorder
     const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
                                            _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
@@ -82,8 +92,10 @@ const Acts& quantize(const T* x, int64_t M, int64_t K) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(q01, 0xD8));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute4x64_epi64(q23, 0xD8));
     a.sum[i] = hsum(sm);
-    // a non-finite value (inf, nan) makes the sum non-finite: the block's products become nan, as in any kernel
-    a.scale[i] = std::isfinite(a.sum[i]) ? top / 32767.f : std::numeric_limits<float>::quiet_NaN();
+    // a non-finite value (inf, nan) makes the block's products nan, as in any kernel; finite values
+    // whose sum overflows do not (that sum only carries q4's mins, where an overflow is the true result)
+    const bool non_finite = std::isinf(top) || _mm256_movemask_ps(nan) != 0;
+    a.scale[i] = non_finite ? std::numeric_limits<float>::quiet_NaN() : top / 32767.f;
   }
   return a;
 }
@@ -145,10 +157,11 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
   TORCH_CHECK(x.dim() == 2, "q4_linear: x must be [rows, in], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "q4_linear: x must be bfloat16 or float32, got ", x.scalar_type());
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), G = K / 32;
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
   TORCH_CHECK(K % 32 == 0, "q4_linear: the input width must be a multiple of 32, got ", K);
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.dim() == 2 && qs.size(1) == K / 2 && qs.is_contiguous(),
               "q4_linear: qs must be contiguous uint8 [out, ", K / 2, "], got ", qs.sizes());
+  const int64_t N = qs.size(0);
   for (const at::Tensor* t : {&scales, &mins})
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == N && t->size(1) == G &&
                     t->is_contiguous(),
@@ -220,10 +233,11 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   TORCH_CHECK(x.dim() == 2, "i8_linear: x must be [rows, in], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "i8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "i8_linear: the input width must be a multiple of 32, got ", K);
   TORCH_CHECK(w.scalar_type() == at::kChar && w.dim() == 2 && w.size(1) == K && w.is_contiguous(),
               "i8_linear: w must be contiguous int8 [out, ", K, "], got ", w.sizes());
+  const int64_t N = w.size(0);
   TORCH_CHECK((scales.scalar_type() == at::kBFloat16 || scales.scalar_type() == at::kFloat) && scales.dim() == 1 &&
                   scales.size(0) == N && scales.is_contiguous(),
               "i8_linear: scales must be contiguous bfloat16 or float32 [", N, "], got ", scales.sizes());
