@@ -28,7 +28,7 @@ for f in config.json model.safetensors acceptance.json; do
 done
 
 # a step whose result file exists is skipped: delete it to measure again
-[ -s "$V4/acceptance.json" ] || $SD eval-drafter --data "$DATA" --drafter "$V4" --acceptance-table --samples 40 \
+[ -s "$V4/acceptance.json" ] || $SD eval-drafter --data "$DATA" --drafter "$V4" --acceptance-table --samples "${TABLE_SAMPLES:-40}" \
     --dtype bfloat16 --weights q4 "${RUN[@]}"
 
 for d in v3:"$V3" v4:"$V4"; do

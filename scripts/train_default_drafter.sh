@@ -67,8 +67,10 @@ else
 fi
 
 # 2. the drafter: the v3 recipe (the model card's "Recipe experiments" table says why each setting)
-RECIPE=(--draft-vocab-size 8192 --ttt-steps 3 --lr 1e-3 --epochs "$EPOCHS" --batch-tokens "$BATCH_TOKENS")
+RECIPE=(--draft-vocab-size 8192 --ttt-steps 3 --lr "${LR:-1e-3}" --epochs "$EPOCHS" --batch-tokens "$BATCH_TOKENS")
 EXTRA=(--patience "$PATIENCE" --select "$SELECT")
+# INIT_FROM: continue a trained drafter (the shipped v4 is v3 continued on the v4 data: see its model card)
+[ -n "${INIT_FROM:-}" ] && EXTRA+=(--init-from "$INIT_FROM")
 [ -n "$FEATURES" ] && EXTRA+=(--feature-cache "$FEATURES")
 [ -n "${MAX_STEPS:-}" ] && EXTRA+=(--max-steps "$MAX_STEPS")
 $SD train --data "$DATA" --out "$OUT" --device "$DEVICE" --threads "$THREADS" "${RECIPE[@]}" \
