@@ -84,6 +84,9 @@ class TrainDisplay:
             self.console.print(f"{ev.samples} training samples, {ev.heldout} held out; draft vocab "
                                f"{ev.draft_vocab_size} covers {100 * ev.coverage:.1f}% of assistant tokens; "
                                f"{ev.total_steps} steps ({ev.steps_per_epoch}/epoch)")
+            if ev.skipped:
+                self.console.print(f"{ev.skipped} training samples skipped: no answer token inside --max-len "
+                                   "(raise it to train on them)")
             self._start_bar(ev.total_steps, ev.step)
         elif isinstance(ev, StepDone):
             r = ev.record

@@ -36,6 +36,7 @@ from specdecode.training.dataset import (
     draft_vocab,
     sample_token_counts,
     token_counts,
+    trains_inside,
 )
 from specdecode.training.evaluate import EvalResult, EvalSettings, evaluate
 from specdecode.training.features import FeatureProgress, build_features, cached_target_batch
@@ -139,6 +140,7 @@ class TrainStarted:
     step: int  # the first step of this run (> 0 when resumed)
     resumed_from: str | None = None  # the checkpoint directory, when resumed
     precision: str = ""  # the target's dtype and the draft's autocast, and why (resolve_precision)
+    skipped: int = 0  # training samples with no answer token inside max_len (dataset.trains_inside)
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,11 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
         rows = rows[:cfg.limit_samples]
     if not rows:
         raise ValueError(f"{cfg.data}: no training samples")
+    n_all = len(rows)
+    rows = [r for r in rows if trains_inside(r, cfg.max_len)]
+    if not rows:
+        raise ValueError(f"{cfg.data}: no training sample has an answer token inside --max-len {cfg.max_len}; "
+                         f"raise --max-len")
     tokens_mm = ds.tokens()
     _, model_dir = resolve_model_dir(cfg.model)
     device = resolve_device(cfg.device)
@@ -338,7 +345,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     state["draft_vocab_coverage"] = coverage
     out.mkdir(parents=True, exist_ok=True)
     report(TrainStarted(len(rows), len(heldout), len(d2t), coverage, total, per_epoch, state["step"],
-                        str(ckpt) if resumed else None, precision))
+                        str(ckpt) if resumed else None, precision, n_all - len(rows)))
 
     def evaluate_now() -> None:
         ev = evaluate(drafter, target, ds, heldout, cfg.eval_settings, aux, t2d, t2d_index, tokens_mm)
@@ -398,7 +405,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
         _save_output(drafter, out, state, rows, coverage, cfg)
         selected = state["step"]
     summary = {"steps": state["step"], "samples": len(rows), "coverage": coverage,
-               "assistant_tokens": assistant_tokens(rows),
+               "assistant_tokens": assistant_tokens(rows), "skipped_samples": n_all - len(rows),
                "seconds_this_run": time.perf_counter() - t_start,
                "final_eval": state["evals"][-1] if state["evals"] else None,
                "best": best, "selected_step": selected, "stopped_early": bool(state.get("stopped_early"))}

@@ -398,3 +398,27 @@ def test_training_precision_follows_the_device(monkeypatch, fast):
     assert (cfg.target_dtype, cfg.autocast) == ("float32", True) and why == "target float32, draft bf16 autocast"
     with pytest.raises(ValueError, match="unknown dtype"):
         trainer.resolve_precision(trainer.TrainConfig(data="d", out="o", target_dtype="fp8"), torch.device("cpu"))
+
+
+def test_samples_with_no_answer_inside_max_len_are_skipped_not_trained_as_empty_steps(tiny_setup):
+    """Long prompts whose answers start past --max-len used to be batched together (by length) into steps
+    with no loss at all (3% of drafter v4's steps); they are now left out, and the run says how many."""
+    from specdecode.training.dataset import trains_inside
+
+    assert trains_inside({"loss_ranges": [[2, 3]]}, 64) and not trains_inside({"loss_ranges": [[1, 2]]}, 64)
+    assert not trains_inside({"loss_ranges": [[64, 80]]}, 64) and trains_inside({"loss_ranges": [[70, 80], [5, 9]]}, 64)
+    model_dir, data, tmp = tiny_setup
+    ds = DataSet(data)
+    gen = torch.Generator().manual_seed(1)
+    ds.append([({"id": f"{n:08x}ffffffff", "split": "train", "source": "test", "mode": "greedy",
+                 "loss_ranges": [[70, 90]]}, torch.randint(0, 101, (90,), generator=gen).tolist())
+               for n in range(6)])
+    out = tmp / "drafter"
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--epochs", "1", "--eval-every", "1000"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "6 training samples skipped" in proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["skipped_samples"] == 6 and summary["samples"] == 42
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert log and all(r["loss"] > 0 for r in log)
