@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, cast
 
 from specdecode.core.speculative import SpecConfig, default_draft_tokens, max_draft_tokens
@@ -119,22 +120,50 @@ class CycleCosts:
     extend_ms_by_tokens: Mapping[int, float]  # draft re-extend over T (target hidden, token) pairs
 
     def shape_cost(self, shape: SpecConfig) -> ShapeCost | None:
-        """The measured cost of ``shape``; for a node count not measured, the same depth and
-        branching's draft and bookkeeping with the verify cost interpolated by tokens verified
-        (a verify's cost is a function of its node count)."""
-        if (cost := self.shapes.get(shape_key(shape))) is not None:
-            return cost
-        base = self.shapes.get(shape_key(SpecConfig(shape.num_steps, shape.topk)))
+        """What a cycle of ``shape`` costs by phase, read from fits over every measured shape rather
+        than from the shape's own figures: the verify by node count (``verify_ms_by_tokens``), the
+        draft by depth for its top-k (``draft_ms_by_steps``); bookkeeping and the plain step beside it
+        are the shape's own (or, for a node count not measured, the same depth and top-k's).
+
+        Each shape's figures are medians of a few cycles (6 in ``core.calibrate``) and one reading can
+        be far off: measured here (bf16, 2 cores, drafter v4), a chain of 2 verified its 3 tokens in
+        35.8 ms, less than one plain step (41.6), while a top-2 tree verified 3 tokens in 46.4 ms, and
+        a 4-step chain drafted in 11.5 ms against 10.0 for 5 steps. Read raw, the chain of 2 was
+        predicted at 1.78x (a 42.7 ms cycle); Spec-Bench measured 1.36x (a ~54.6 ms cycle) and 1.45x for
+        2 steps / top-2 / 5 tokens (predicted cycle 53.4 ms, measured ~56.0). From the fits, the same
+        figures predict the chain at 1.58x (48.2 ms) and 2/2/5 at 1.43x (56.2 ms): nearer, the same
+        choice."""
+        base = self.shapes.get(shape_key(shape)) or self.shapes.get(shape_key(SpecConfig(shape.num_steps, shape.topk)))
         if base is None:
             return None
-        return ShapeCost(base.draft_ms, _interpolate(self.verify_ms_by_tokens(), shape.num_draft_tokens), base.other_ms,
+        draft = self.draft_fit.get(shape.topk, {}).get(shape.num_steps, base.draft_ms)
+        return ShapeCost(draft, _interpolate(self.verify_fit, shape.num_draft_tokens), base.other_ms,
                          base.baseline_ms)
 
     def verify_ms_by_tokens(self) -> dict[int, float]:
+        """Verify cost by node count: every shape verifying that many pooled (a verify's cost is a
+        function of its node count, whatever the tree), then made non-decreasing in the count."""
         by: dict[int, list[float]] = {}
         for key, c in self.shapes.items():
             by.setdefault(int(key.split("/")[2]), []).append(c.verify_ms)
-        return {n: sorted(v)[len(v) // 2] for n, v in sorted(by.items())}
+        return _non_decreasing(by)
+
+    @cached_property
+    def verify_fit(self) -> dict[int, float]:
+        return self.verify_ms_by_tokens()  # read at every prediction (--adapt predicts every 8 cycles)
+
+    @cached_property
+    def draft_fit(self) -> dict[int, dict[int, float]]:
+        return self.draft_ms_by_steps()
+
+    def draft_ms_by_steps(self) -> dict[int, dict[int, float]]:
+        """Draft cost by top-k, then by depth, made non-decreasing in the depth (one more step is
+        never free)."""
+        by: dict[int, dict[int, list[float]]] = {}
+        for key, c in self.shapes.items():
+            steps, topk, _ = (int(x) for x in key.split("/"))
+            by.setdefault(topk, {}).setdefault(steps, []).append(c.draft_ms)
+        return {k: _non_decreasing(v) for k, v in by.items()}
 
     def extend_ms(self, tokens: float) -> float:
         """Linear interpolation (and extrapolation from the last two) over the measured counts."""
@@ -150,6 +179,21 @@ class CycleCosts:
     def from_dict(cls, d: Mapping[str, Any]) -> CycleCosts:
         return cls(float(d["baseline_ms"]), {k: ShapeCost(**v) for k, v in d["shapes"].items()},
                    {int(k): float(v) for k, v in d["extend_ms_by_tokens"].items()})
+
+
+def _non_decreasing(samples: Mapping[int, Sequence[float]]) -> dict[int, float]:
+    """The least-squares non-decreasing fit (pool-adjacent-violators) through every sample, by key:
+    where one reading falls below a cheaper configuration's, the two are pooled into their mean."""
+    blocks: list[list[float]] = []  # [sum, count, first key index, last key index]
+    keys = sorted(samples)
+    for i, k in enumerate(keys):
+        blocks.append([float(sum(samples[k])), float(len(samples[k])), i, i])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            blocks[-1][0] += last[0]
+            blocks[-1][1] += last[1]
+            blocks[-1][3] = last[3]
+    return {keys[i]: b[0] / b[1] for b in blocks for i in range(int(b[2]), int(b[3]) + 1)}
 
 
 def _interpolate(points: Mapping[int, float], x: float) -> float:

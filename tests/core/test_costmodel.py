@@ -134,3 +134,23 @@ def test_speedup_is_taken_against_the_plain_step_timed_next_to_the_shape():
                                           for k, v in c.shapes.items()}, c.extend_ms_by_tokens)
     shape = SpecConfig(1, 1)
     assert predict(shape, table, slow_base).speedup == pytest.approx(2 * predict(shape, table, c).speedup)
+
+
+def test_costs_are_read_from_monotone_fits_over_every_shape():
+    """One shape's few cycles can read far off (here: a chain of 2 verifying its 3 tokens faster than a tree
+    verifies 3 and than 2 tokens are verified); the prediction reads the verify by node count pooled over every
+    shape and made non-decreasing, and the draft non-decreasing in depth."""
+    c = costs(verify_per_token=2.0)  # verify of n tokens: 10 + 2 (n - 1); draft: 1 ms a step after the first
+    shapes = dict(c.shapes)
+    shapes["2/1/3"] = ShapeCost(draft_ms=1.0, verify_ms=8.0, other_ms=0.5)  # 1/2/3 verifies 3 in 14, 1/1/2 2 in 12
+    shapes["4/1/5"] = ShapeCost(draft_ms=9.0, verify_ms=16.0, other_ms=0.5)  # 5/1/6 drafts in 4, 6/1/7 in 5
+    noisy = CycleCosts(c.baseline_ms, shapes, c.extend_ms_by_tokens)
+    verify = noisy.verify_ms_by_tokens()
+    assert list(verify.values()) == sorted(verify.values())
+    assert verify[2] == verify[3] == pytest.approx((12 + 8 + 14) / 3) and verify[4] == 16
+    drafts = noisy.draft_ms_by_steps()[1]
+    assert drafts[3] == 2 and drafts[4] == drafts[5] == drafts[6] == pytest.approx((9 + 4 + 5) / 3)
+    table = AcceptanceTable({1: [0.5, 0.25, 0.12, 0.06, 0.03, 0.01]})
+    p = predict(SpecConfig(2, 1), table, noisy)
+    assert p.cycle_ms == pytest.approx(1.0 + 34 / 3 + 0.5 + noisy.extend_ms(p.accept_length))
+    assert noisy.shape_cost(SpecConfig(4, 1)).draft_ms == pytest.approx(6.0)
