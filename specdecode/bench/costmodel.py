@@ -15,7 +15,7 @@ import statistics
 
 from specdecode.bench.harness import summarize
 from specdecode.bench.methods import method_spec_config
-from specdecode.core.costmodel import expected_accept_length, predicted_speedup
+from specdecode.core.costmodel import expected_accept_length, monotone_fit, predicted_speedup
 
 PHASES = ("draft", "verify", "extend", "other")
 
@@ -53,11 +53,12 @@ def analyse(records: list[dict], specs: list[str]) -> dict:
 
 
 def verify_cost(configs: list[dict]) -> dict[int, float]:
-    """Median target verify ms per cycle by tokens verified."""
+    """Target verify ms per cycle by tokens verified: the fit ``--spec-config auto`` reads
+    (``core.costmodel.monotone_fit``: medians by count, non-decreasing)."""
     by_tokens: dict[int, list[float]] = {}
     for c in configs:
         by_tokens.setdefault(c["tokens_verified"], []).append(c["phases_ms"]["verify"])
-    return {n: statistics.median(v) for n, v in sorted(by_tokens.items())}
+    return monotone_fit(by_tokens)
 
 
 def predict(configs: list[dict], verify_ms: dict[int, float], base_ms: float) -> None:

@@ -13,6 +13,7 @@ target step per token.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -142,11 +143,11 @@ class CycleCosts:
 
     def verify_ms_by_tokens(self) -> dict[int, float]:
         """Verify cost by node count: every shape verifying that many pooled (a verify's cost is a
-        function of its node count, whatever the tree), then made non-decreasing in the count."""
+        function of its node count, whatever the tree), then made non-decreasing (``monotone_fit``)."""
         by: dict[int, list[float]] = {}
         for key, c in self.shapes.items():
             by.setdefault(int(key.split("/")[2]), []).append(c.verify_ms)
-        return _non_decreasing(by)
+        return monotone_fit(by)
 
     @cached_property
     def verify_fit(self) -> dict[int, float]:
@@ -163,7 +164,7 @@ class CycleCosts:
         for key, c in self.shapes.items():
             steps, topk, _ = (int(x) for x in key.split("/"))
             by.setdefault(topk, {}).setdefault(steps, []).append(c.draft_ms)
-        return {k: _non_decreasing(v) for k, v in by.items()}
+        return {k: monotone_fit(v) for k, v in by.items()}
 
     def extend_ms(self, tokens: float) -> float:
         """Linear interpolation (and extrapolation from the last two) over the measured counts."""
@@ -181,13 +182,15 @@ class CycleCosts:
                    {int(k): float(v) for k, v in d["extend_ms_by_tokens"].items()})
 
 
-def _non_decreasing(samples: Mapping[int, Sequence[float]]) -> dict[int, float]:
-    """The least-squares non-decreasing fit (pool-adjacent-violators) through every sample, by key:
-    where one reading falls below a cheaper configuration's, the two are pooled into their mean."""
-    blocks: list[list[float]] = []  # [sum, count, first key index, last key index]
-    keys = sorted(samples)
+def monotone_fit(samples: Mapping[int, Sequence[float]]) -> dict[int, float]:
+    """A non-decreasing cost by key: each key's median (one outlier among its samples does not move it),
+    then the weighted least-squares non-decreasing fit through them (pool-adjacent-violators, each
+    key weighted by its sample count): where one key reads below a cheaper one, the two are pooled."""
+    blocks: list[list[float]] = []  # [weighted sum, weight, first key index, last key index]
+    keys = sorted(k for k in samples if samples[k])
     for i, k in enumerate(keys):
-        blocks.append([float(sum(samples[k])), float(len(samples[k])), i, i])
+        w = float(len(samples[k]))
+        blocks.append([statistics.median(samples[k]) * w, w, i, i])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             last = blocks.pop()
             blocks[-1][0] += last[0]

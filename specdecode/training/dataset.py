@@ -114,7 +114,7 @@ def trains_inside(row: dict, max_len: int) -> bool:
     trained token at index >= 2 (step 0 at index i predicts token i + 2) before the cut. A sample
     whose answers all start past the cut gives a step with no loss; in data v4, 170 of 15,168
     training samples (long prompts), paired by length, made 22 of 750 steps (3%) train nothing."""
-    return any(min(b, max_len) > max(a, 2) for a, b in row["loss_ranges"])
+    return any(min(b, max_len, row["length"]) > max(a, 2) for a, b in row["loss_ranges"])
 
 
 def assistant_tokens(rows: list[dict]) -> int:

@@ -341,6 +341,12 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     resumed = ckpt.exists()
     if resumed:
         state = load_checkpoint(ckpt, drafter, opt, asdict(cfg))
+        # the batches index the samples trained on: another set (a data set grown in place, another
+        # rule for what trains) would resume at the same index of another order
+        if state.get("trained_samples", len(rows)) != len(rows):
+            raise ValueError(f"{ckpt}: the checkpoint trained on {state['trained_samples']} samples, this run has "
+                             f"{len(rows)} (the data set or the samples kept changed); use a new --out")
+    state["trained_samples"] = len(rows)
     state["config"] = asdict(cfg)
     state["draft_vocab_coverage"] = coverage
     out.mkdir(parents=True, exist_ok=True)

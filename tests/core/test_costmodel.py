@@ -12,6 +12,7 @@ from specdecode.core.costmodel import (
     ShapeCost,
     best_shape,
     candidate_shapes,
+    monotone_fit,
     predict,
     shape_key,
 )
@@ -150,6 +151,9 @@ def test_costs_are_read_from_monotone_fits_over_every_shape():
     assert verify[2] == verify[3] == pytest.approx((12 + 8 + 14) / 3) and verify[4] == 16
     drafts = noisy.draft_ms_by_steps()[1]
     assert drafts[3] == 2 and drafts[4] == drafts[5] == drafts[6] == pytest.approx((9 + 4 + 5) / 3)
+    assert monotone_fit({1: [1.0, 50.0, 2.0], 2: [4.0]}) == {1: 2.0, 2: 4.0}  # a key's median, not its mean
+    assert monotone_fit({1: [1.0], 2: [4.0], 3: [2.0], 4: [0.0]}) == {1: 1.0, 2: 2.0, 3: 2.0, 4: 2.0}
+    assert monotone_fit({}) == {} and monotone_fit({3: [5.0, 5.0]}) == {3: 5.0}
     table = AcceptanceTable({1: [0.5, 0.25, 0.12, 0.06, 0.03, 0.01]})
     p = predict(SpecConfig(2, 1), table, noisy)
     assert p.cycle_ms == pytest.approx(1.0 + 34 / 3 + 0.5 + noisy.extend_ms(p.accept_length))

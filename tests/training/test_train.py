@@ -405,8 +405,11 @@ def test_samples_with_no_answer_inside_max_len_are_skipped_not_trained_as_empty_
     with no loss at all (3% of drafter v4's steps); they are now left out, and the run says how many."""
     from specdecode.training.dataset import trains_inside
 
-    assert trains_inside({"loss_ranges": [[2, 3]]}, 64) and not trains_inside({"loss_ranges": [[1, 2]]}, 64)
-    assert not trains_inside({"loss_ranges": [[64, 80]]}, 64) and trains_inside({"loss_ranges": [[70, 80], [5, 9]]}, 64)
+    assert trains_inside({"loss_ranges": [[2, 3]], "length": 3}, 64)
+    assert not trains_inside({"loss_ranges": [[1, 2]], "length": 3}, 64)
+    assert not trains_inside({"loss_ranges": [[64, 80]], "length": 80}, 64)
+    assert trains_inside({"loss_ranges": [[63, 80]], "length": 80}, 64)  # index 63 is the last inside the cut
+    assert trains_inside({"loss_ranges": [[70, 80], [5, 9]], "length": 80}, 64)
     model_dir, data, tmp = tiny_setup
     ds = DataSet(data)
     gen = torch.Generator().manual_seed(1)
@@ -422,3 +425,9 @@ def test_samples_with_no_answer_inside_max_len_are_skipped_not_trained_as_empty_
     assert summary["skipped_samples"] == 6 and summary["samples"] == 42
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     assert log and all(r["loss"] > 0 for r in log)
+    # a data set grown in place would resume at the same batch index of another order: refused
+    ds.append([({"id": f"{n:08x}eeeeeeee", "split": "train", "source": "test", "mode": "greedy",
+                 "loss_ranges": [[4, 20]]}, torch.randint(0, 101, (20,), generator=gen).tolist()) for n in range(3)])
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--epochs", "2", "--eval-every", "1000"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "trained on 42 samples, this run has 45" in proc.stderr
