@@ -50,17 +50,21 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # 8 rows 66 vs 110, 32 rows 238 vs 174; lm_head [49152x576] 32 rows 22.7 vs 25.7 ms, 64 rows
 # 45.0 vs 29.9 ms. Decode and the verify trees the engine uses (3-16 tokens) stay on the kernel.
 _KERNEL_MAX_ROWS = 32
-# The project's own kernels (core/csrc/avx2_linear.cpp: activations in int16 per block of 32, exact to
-# about 2^-15 of each block's largest value, well inside bf16's rounding but not float32's, so they are
-# offered to bf16 layers only), once ``runtime.native.load_native`` has registered them.
+# The project's own kernels (core/csrc: activations in int16 per block of 32, exact to about 2^-15 of
+# each block's largest value, well inside bf16's rounding but not float32's, so they are offered to bf16
+# layers only), once ``runtime.native.load_native`` has registered them: kernel name -> operator.
+# avx2_linear.cpp's run on any AVX2 + FMA CPU, avx512_linear.cpp's (the same arithmetic with VNNI) where
+# the CPU has AVX-512 VNNI; the kernel plan measures them against aten's per shape and row count.
 NATIVE_Q4 = "q4_avx2"  # specdecode::q4_linear
 NATIVE_I8 = "i8_avx2"  # specdecode::i8_linear
+NATIVE_Q4_KERNELS = {NATIVE_Q4: "q4_linear", "q4_avx512": "q4_linear_avx512"}
+NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
 
 
-def native_loaded() -> bool:
-    """Whether the project's own CPU kernels are registered (``runtime.native.load_native``)."""
+def native_loaded(op: str = "q4_linear") -> bool:
+    """Whether the project's CPU operator ``op`` is registered (``runtime.native.load_native``)."""
     try:
-        return hasattr(torch.ops.specdecode, "q4_linear")
+        return hasattr(torch.ops.specdecode, op)
     except (AttributeError, RuntimeError):
         return False
 
@@ -100,8 +104,8 @@ class Int8Linear(KernelDispatch, nn.Module):
         converted weight, packed once)."""
         if kernel == "int8pack":
             out = cast(Tensor, torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight_int8, self.scales))
-        elif kernel == NATIVE_I8:
-            out = cast(Tensor, torch.ops.specdecode.i8_linear(x2, self.weight_int8, self.scales))
+        elif (op := NATIVE_I8_KERNELS.get(kernel)) is not None:
+            out = cast(Tensor, getattr(torch.ops.specdecode, op)(x2, self.weight_int8, self.scales))
         elif kernel == "onednn" and self.packed is not None:
             out = onednn_linear(x2, self.packed, None) * self.scales
         else:
@@ -116,8 +120,8 @@ class Int8Linear(KernelDispatch, nn.Module):
         found = ["aten"]
         if device.type == "cpu" and dtype in _KERNEL_DTYPES:
             found.append("int8pack")
-        if device.type == "cpu" and dtype == torch.bfloat16 and self.in_features % 32 == 0 and native_loaded():
-            found.append(NATIVE_I8)
+        if device.type == "cpu" and dtype == torch.bfloat16 and self.in_features % 32 == 0:
+            found += [name for name, op in NATIVE_I8_KERNELS.items() if native_loaded(op)]
         if onednn_usable(dtype, device):
             found.append("onednn")
         return tuple(found)
@@ -148,7 +152,7 @@ class Int4Linear(KernelDispatch, nn.Module):
     qs: Tensor  # [out, in / 2] uint8: per group of 32, q[j] | q[j + 16] << 4 (GGUF's order; a buffer)
     int4pack: Tensor  # the CPU kernel's packed layout of q (a buffer)
     scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
-    scales: Tensor  # [out, in / 32] float32: the same scales, for ``q4_avx2``
+    scales: Tensor  # [out, in / 32] float32: the same scales, for the native kernels (q4_avx2, q4_avx512)
     mins: Tensor  # [out, in / 32] float32: zero - 8 * scale, so that w = q * scale + min
 
     def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
@@ -191,14 +195,14 @@ class Int4Linear(KernelDispatch, nn.Module):
         return "int4pack" if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel() else "aten"
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
-        """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``q4_avx2``
-        (the project's own, activations in int16 per block of 32: core/csrc/avx2_linear.cpp), ``onednn``
+        """x2 @ w^T with the named kernel: ``int4pack`` (aten._weight_int4pack_mm_for_cpu), ``q4_avx2`` /
+        ``q4_avx512`` (the project's own, activations in int16 per block of 32: core/csrc), ``onednn``
         (the dequantized weight, packed once) or ``aten`` (dequantized on every call: reference)."""
         if kernel == "int4pack":
             return cast(Tensor, torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.contiguous(), self.int4pack, _INT4_GROUP, self.scales_and_zeros))
-        if kernel == NATIVE_Q4:
-            return cast(Tensor, torch.ops.specdecode.q4_linear(x2, self.qs, self.scales, self.mins))
+        if (op := NATIVE_Q4_KERNELS.get(kernel)) is not None:
+            return cast(Tensor, getattr(torch.ops.specdecode, op)(x2, self.qs, self.scales, self.mins))
         if kernel == "onednn" and self.packed is not None:
             return onednn_linear(x2, self.packed, None)
         if kernel == ONEDNN_F32 and self.packed is not None:
@@ -213,8 +217,8 @@ class Int4Linear(KernelDispatch, nn.Module):
         found = []
         if device.type == "cpu" and dtype in _KERNEL_DTYPES and self.int4pack.numel():
             found.append("int4pack")
-        if device.type == "cpu" and dtype == torch.bfloat16 and native_loaded():
-            found.append(NATIVE_Q4)
+        if device.type == "cpu" and dtype == torch.bfloat16:
+            found += [name for name, op in NATIVE_Q4_KERNELS.items() if native_loaded(op)]
         if onednn_usable(dtype, device):
             found.append("onednn")
         if onednn_f32_offered(dtype, device):

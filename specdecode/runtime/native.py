@@ -2,10 +2,15 @@
 first use and kept in ``$SPECDECODE_CACHE/native/`` (13-15 s on a 2-core EPYC, once per source version; the build
 needs g++, which compiled steps need anyway, and ninja).
 
+Two modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA) and
+``avx512`` (the same kernels with AVX-512 VNNI), each its own shared library, so no code compiled for
+AVX-512 can run on a CPU without it.
+
 ``load_native()`` registers the ``torch.ops.specdecode`` operators; ``core.quant`` offers their kernels
 to the kernel plan only once they are registered, so a machine that cannot build them (no compiler,
-no AVX2 + FMA) runs as before, and the reason is said once. ``SPECDECODE_NATIVE=0`` turns them off
-(an A/B against aten's kernels: the kernel plan's key changes with the kernels offered)."""
+no AVX2 + FMA) runs as before, and the reason is said once. ``SPECDECODE_NATIVE=0`` turns them off,
+``SPECDECODE_NATIVE=avx2`` loads only the modules named (an A/B against aten's kernels, or AVX2 against
+AVX-512: the kernel plan's key changes with the kernels offered)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,17 +29,35 @@ from specdecode.core import quant
 from specdecode.io.paths import cache_root
 from specdecode.runtime.autoformat import machine_cpu_flags
 
-SOURCES = (Path(quant.__file__).parent / "csrc" / "avx2_linear.cpp",)
-NEEDS_FLAGS = frozenset({"avx2", "fma"})  # the instructions the sources are compiled for
+_CSRC = Path(quant.__file__).parent / "csrc"
+
+
+@dataclass(frozen=True)
+class NativeModule:
+    name: str
+    source: Path
+    needs: frozenset[str]  # the CPU flags (/proc/cpuinfo's names) its code is compiled for
+    cflags: tuple[str, ...]
+    ops: tuple[str, ...]  # the torch.ops.specdecode operators it registers
+
+
+MODULES = (
+    NativeModule("avx2", _CSRC / "avx2_linear.cpp", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"),
+                 ("q4_linear", "i8_linear")),
+    NativeModule("avx512", _CSRC / "avx512_linear.cpp",
+                 frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+                 ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+                 ("q4_linear_avx512", "i8_linear_avx512")),
+)
 
 _lock = threading.Lock()
-_state: dict[str, str | None] = {}  # "reason": None once loaded, else why not
+_state: dict[str, str | None] = {}  # module name: None once loaded, else why not
 
 
-def source_identity() -> str:
+def source_identity(module: NativeModule = MODULES[0]) -> str:
     h = hashlib.sha256()
-    for src in SOURCES:
-        h.update(src.name.encode() + src.read_bytes())
+    h.update(module.source.name.encode() + module.source.read_bytes())
+    h.update(" ".join(module.cflags).encode())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:12]
 
@@ -50,61 +74,66 @@ def _ninja_on_path() -> None:
     os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def why_unavailable(flags: frozenset[str] | None = None) -> str | None:
-    """Why the native kernels cannot run here before trying to build them, or None."""
-    if os.environ.get("SPECDECODE_NATIVE", "1") == "0":
+def why_unavailable(flags: frozenset[str] | None = None, module: NativeModule = MODULES[0]) -> str | None:
+    """Why ``module``'s kernels cannot run here before trying to build them, or None."""
+    asked = os.environ.get("SPECDECODE_NATIVE", "1").strip()
+    if asked == "0":
         return "SPECDECODE_NATIVE=0"
+    if asked not in ("1", "") and module.name not in asked.split(","):
+        return f"SPECDECODE_NATIVE={asked} (the modules to load, of {', '.join(m.name for m in MODULES)})"
     have = machine_cpu_flags() if flags is None else flags
-    missing = sorted(NEEDS_FLAGS - have)
+    missing = sorted(module.needs - have)
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
     return None
 
 
 def load_native(log: Callable[[str], None] | None = None) -> str | None:
-    """Build (once per source version and torch build) and load the native kernels; returns None when
-    they are registered, else the reason they are not (said through ``log`` the first time)."""
+    """Build (once per source version and torch build) and load every native module this CPU can run;
+    returns None when the base (AVX2) kernels are registered, else the reason they are not. A reason
+    is said through ``log`` once per module (a CPU without AVX-512 is not worth a line)."""
     with _lock:
-        if "reason" in _state:
-            return _state["reason"]
-        reason = why_unavailable()
-        if reason is None:
-            reason = _build(log)
-        _state["reason"] = reason
-        if reason is not None and log is not None and reason != "SPECDECODE_NATIVE=0":
-            log(f"native CPU kernels not used: {reason}")
-        return reason
+        for module in MODULES:
+            if module.name in _state:
+                continue
+            reason = why_unavailable(None, module)
+            if reason is None:
+                reason = _build(module, log)
+            _state[module.name] = reason
+            if reason is not None and log is not None and not reason.startswith("SPECDECODE_NATIVE=") and (
+                    module is MODULES[0] or not reason.startswith("the CPU lacks")):
+                log(f"native CPU kernels ({module.name}) not used: {reason}")
+        return _state[MODULES[0].name]
 
 
-def _build(log: Callable[[str], None] | None) -> str | None:
+def _build(module: NativeModule, log: Callable[[str], None] | None) -> str | None:
     from torch.utils import cpp_extension
 
-    name = f"specdecode_native_{source_identity()}"
+    name = f"specdecode_{module.name}_{source_identity(module)}"
     where = cache_root() / "native" / name
     where.mkdir(parents=True, exist_ok=True)
     built = any(where.glob(f"{name}*.so"))
     if not built and log is not None:
-        log(f"building the native CPU kernels once (13-15 s on a 2-core EPYC) into {where} ...")
+        log(f"building the native CPU kernels ({module.name}) once (13-15 s on a 2-core EPYC) into {where} ...")
     _ninja_on_path()
     try:
-        cpp_extension.load(name, [str(s) for s in SOURCES], build_directory=str(where), is_python_module=False,
-                           extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name, [str(module.source)], build_directory=str(where), is_python_module=False,
+                           extra_cflags=["-O3", *module.cflags, "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except (RuntimeError, OSError, ImportError, SystemExit, subprocess.SubprocessError) as e:
         # no compiler or ninja, a failed or interrupted build: aten's kernels run instead
         last = (str(e).strip().splitlines() or [""])[-1][:200]
         return f"the build failed ({type(e).__name__}: {last}); see {where}"
-    _register_fakes()
+    for op in module.ops:
+        _register_fake(op)
     return None
 
 
-def _register_fakes() -> None:
-    """Shapes for tracing (``torch.export``, ``torch.compile``): the kernels run only on real tensors."""
+def _register_fake(op: str) -> None:
+    """Shapes for tracing (``torch.export``, ``torch.compile``): the kernels run only on real tensors. Every
+    operator is (x [rows, in], weight [out, ...], ...) -> [rows, out] in x's dtype."""
 
-    @torch.library.register_fake("specdecode::q4_linear")
-    def _q4_linear(x: torch.Tensor, qs: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], qs.shape[0])
+    def fake(x: torch.Tensor, weight: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])
 
-    @torch.library.register_fake("specdecode::i8_linear")
-    def _i8_linear(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], w.shape[0])
+    torch.library.register_fake(f"specdecode::{op}")(fake)

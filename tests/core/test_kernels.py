@@ -14,7 +14,7 @@ from specdecode.core.kernels import (
     onednn_usable,
     pack,
 )
-from specdecode.core.quant import Int8Linear, quantize_weights
+from specdecode.core.quant import NATIVE_I8_KERNELS, NATIVE_Q4_KERNELS, Int8Linear, quantize_weights
 from tests.helpers import tiny_model
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -84,9 +84,14 @@ def test_a_measured_plan_changes_no_greedy_output(dtype, weights):
     assert set(choices) == {k for k, g in groups.items() if len(g[0].kernel_candidates(1)) > 1}
     assert all(len(c) == len(ROW_BUCKETS) and set(c) <= set(groups[k][0].kernel_candidates(1))
                for k, c in choices.items())
-    # force the non-default kernel everywhere it exists, so the test sees a different path
-    forced = {k: [next((x for x in groups[k][0].kernel_candidates(1) if x not in ("aten", "int8pack")), "aten")]
-              * len(ROW_BUCKETS) for k in choices}
+    # force the non-default kernel everywhere it exists, so the test sees a different path. Not the native
+    # kernels (loaded when a q4 session or tests/runtime/test_native.py ran first in this process): their
+    # int16 activations put this random tiny bf16 model's logits 10.8% of the largest from float64's, against
+    # int8pack's 12.4%, but 6.5% from int8pack's, beyond this test's tolerance between two paths; they have
+    # their own tests against float64 (test_native)
+    native = set(NATIVE_Q4_KERNELS) | set(NATIVE_I8_KERNELS)
+    forced = {k: [next((x for x in groups[k][0].kernel_candidates(1) if x not in ("aten", "int8pack", *native)),
+                       "aten")] * len(ROW_BUCKETS) for k in choices}
     assert apply_kernels(model, forced) == sum(len(groups[k]) for k in choices)
     with torch.inference_mode():
         planned = model(tokens, torch.arange(40), model.new_cache(1, 64)).logits

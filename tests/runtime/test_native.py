@@ -4,8 +4,11 @@ the kernel plan only when loaded, equal to the formula, traceable into compiled 
 import pytest
 import torch
 
-from specdecode.core.quant import NATIVE_I8, NATIVE_Q4, Int4Linear, Int8Linear, native_loaded
+from specdecode.core.quant import NATIVE_I8_KERNELS, NATIVE_Q4_KERNELS, Int4Linear, Int8Linear, native_loaded
 from specdecode.runtime import native
+
+# (4-bit kernel, int8 kernel) of each module: AVX2, and AVX-512 VNNI where the CPU has it
+ISAS = {"avx2": ("q4_avx2", "i8_avx2"), "avx512": ("q4_avx512", "i8_avx512")}
 
 
 def test_why_unavailable_names_the_cause(monkeypatch):
@@ -15,6 +18,23 @@ def test_why_unavailable_names_the_cause(monkeypatch):
     assert "avx2" in native.why_unavailable(frozenset({"neon"}))
     monkeypatch.setenv("SPECDECODE_NATIVE", "0")
     assert native.why_unavailable(frozenset({"avx2", "fma"})) == "SPECDECODE_NATIVE=0"
+    monkeypatch.delenv("SPECDECODE_NATIVE")
+    avx512 = native.MODULES[1]
+    assert native.why_unavailable(frozenset({"avx2", "fma"}), avx512) == (
+        "the CPU lacks avx512_vnni, avx512bw, avx512f, avx512vl")
+    assert native.why_unavailable(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}), avx512) is None
+    monkeypatch.setenv("SPECDECODE_NATIVE", "avx2")  # an A/B of the modules: only those named load
+    assert native.why_unavailable(frozenset({"avx2", "fma"})) is None
+    assert native.why_unavailable(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}), avx512) == (
+        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512)")
+
+
+def test_every_module_is_listed_with_its_operators():
+    """Each kernel name the plan can choose runs an operator that some module registers."""
+    ops = {op for m in native.MODULES for op in m.ops}
+    assert set(NATIVE_Q4_KERNELS.values()) | set(NATIVE_I8_KERNELS.values()) == ops
+    assert {m.name for m in native.MODULES} == set(ISAS)
+    assert all(m.source.exists() for m in native.MODULES)
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +43,15 @@ def loaded():
     if reason is not None:
         pytest.skip(f"native kernels unavailable here: {reason}")
     assert native_loaded()
+
+
+@pytest.fixture(params=list(ISAS))
+def isa(request, loaded):
+    """One module's kernels, skipped where this CPU cannot run them."""
+    module = next(m for m in native.MODULES if m.name == request.param)
+    if not all(native_loaded(op) for op in module.ops):
+        pytest.skip(f"{module.name} kernels unavailable here: {native.why_unavailable(None, module)}")
+    return ISAS[request.param]
 
 
 def _layer(n, k, dtype, seed=0):
@@ -50,7 +79,7 @@ def _check_formula(layer, kernel, n, k, dtype, g):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["q4", "i8"])
-def test_kernel_is_the_formula(loaded, dtype, kind):
+def test_kernel_is_the_formula(isa, dtype, kind):
     """4-bit blocks and int8 rows (the q4 format's lm_head); output rows not a multiple of the kernel's
     4-row tile, and a 1536-wide input."""
     for n, k in ((45, 64), (64, 1536)):
@@ -59,10 +88,26 @@ def test_kernel_is_the_formula(loaded, dtype, kind):
         else:
             g = torch.Generator().manual_seed(n)
             layer = Int8Linear(torch.randn(n, k, generator=g).to(dtype))
-        _check_formula(layer, NATIVE_Q4 if kind == "q4" else NATIVE_I8, n, k, dtype, g)
+        _check_formula(layer, isa[0] if kind == "q4" else isa[1], n, k, dtype, g)
 
 
-def test_q4_kernel_massive_activation_and_non_finite(loaded):
+def test_avx512_kernels_compute_what_the_avx2_ones_do(loaded):
+    """The same activations (int16 per block, same rounding) and exact int32 sums: only the order of the
+    fp32 sums differs, so the two modules agree to float32's rounding, in fp32 and at every row count
+    the tiles take (4, 2, 1), odd block counts (an unpaired last block) included."""
+    if not native_loaded("q4_linear_avx512"):
+        pytest.skip(f"avx512 kernels unavailable here: {native.why_unavailable(None, native.MODULES[1])}")
+    for n, k in ((45, 96), (64, 1536), (9, 32)):
+        q4, g = _layer(n, k, torch.float32, seed=k)
+        i8 = Int8Linear(torch.randn(n, k, generator=g))
+        for rows in (1, 2, 3, 4, 7):
+            x = torch.randn(rows, k, generator=g)
+            for layer, (a, b) in ((q4, ("q4_avx2", "q4_avx512")), (i8, ("i8_avx2", "i8_avx512"))):
+                ya, yb = layer.run_kernel(a, x), layer.run_kernel(b, x)
+                assert float((ya - yb).abs().max() / ya.abs().max()) < 1e-5, (n, k, rows, a)
+
+
+def test_q4_kernel_massive_activation_and_non_finite(isa):
     """A block with one huge value (SmolLM2's first token: ~2.5e4 beside values of ~1): in bf16 the
     kernel's error is within twice aten's int4pack's on the same input (both round to bf16); a non-finite
     input gives a non-finite output, never a silent number."""
@@ -71,22 +116,22 @@ def test_q4_kernel_massive_activation_and_non_finite(loaded):
     x[0, 5] = 2.5e4
     x = x.to(torch.bfloat16)
     ref = x.double() @ layer.dequantized().double().t()
-    ours = float((layer.run_kernel(NATIVE_Q4, x).double() - ref).abs().max())
+    ours = float((layer.run_kernel(isa[0], x).double() - ref).abs().max())
     aten = float((layer.run_kernel("int4pack", x).double() - ref).abs().max())
     assert ours <= 2 * aten + 1e-6, (ours, aten)
     x[0, 40] = float("inf")
-    assert not torch.isfinite(layer.run_kernel(NATIVE_Q4, x)).all()
+    assert not torch.isfinite(layer.run_kernel(isa[0], x)).all()
 
 
 @pytest.mark.parametrize("kind", ["q4", "i8"])
-def test_kernel_threads_and_odd_inputs(loaded, kind):
+def test_kernel_threads_and_odd_inputs(isa, kind):
     """Enough output rows for at::parallel_for to split them over two threads (more than 16 tiles of
     4), with a tail of 3; a non-contiguous input (a column slice, a transpose); no rows at all."""
     n, k = 203, 96
     g = torch.Generator().manual_seed(11)
     layer = _layer(n, k, torch.bfloat16, seed=11)[0] if kind == "q4" else Int8Linear(
         torch.randn(n, k, generator=g).to(torch.bfloat16))
-    kernel = NATIVE_Q4 if kind == "q4" else NATIVE_I8
+    kernel = isa[0] if kind == "q4" else isa[1]
     w = layer.dequantized().double()
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -103,38 +148,41 @@ def test_kernel_threads_and_odd_inputs(loaded, kind):
         torch.set_num_threads(threads)
 
 
-def test_kernel_tiny_blocks_and_nan(loaded):
+def test_kernel_tiny_blocks_and_nan(isa):
     """Values near float32's smallest normal (32767 / top overflows) are quantized like any others, not
     turned to garbage; a nan anywhere in a block gives a non-finite output."""
+    q4 = getattr(torch.ops.specdecode, NATIVE_Q4_KERNELS[isa[0]])
     layer, g = _layer(8, 64, torch.float32, seed=7)
     layer_bf = _layer(8, 64, torch.bfloat16, seed=7)[0]
     x = torch.randn(1, 64, generator=g) * 1e-36
     ref = x.double() @ layer.dequantized().double().t()
     for lay in (layer, layer_bf):
-        out = torch.ops.specdecode.q4_linear(x.to(lay.scales_and_zeros.dtype), lay.qs, lay.scales, lay.mins).double()
+        out = q4(x.to(lay.scales_and_zeros.dtype), lay.qs, lay.scales, lay.mins).double()
         assert float((out - ref).abs().max() / ref.abs().max()) <= 1e-2
     x[0, 3] = float("nan")
-    assert not torch.isfinite(torch.ops.specdecode.q4_linear(x, layer.qs, layer.scales, layer.mins)).any()
+    assert not torch.isfinite(q4(x, layer.qs, layer.scales, layer.mins)).any()
 
 
-def test_q4_kernel_refuses_bad_shapes(loaded):
+def test_q4_kernel_refuses_bad_shapes(isa):
+    q4, i8 = (getattr(torch.ops.specdecode, NATIVE_Q4_KERNELS[isa[0]]),
+              getattr(torch.ops.specdecode, NATIVE_I8_KERNELS[isa[1]]))
     layer, _ = _layer(32, 64, torch.float32)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        torch.ops.specdecode.q4_linear(torch.randn(1, 48), layer.qs, layer.scales, layer.mins)
+        q4(torch.randn(1, 48), layer.qs, layer.scales, layer.mins)
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
-        torch.ops.specdecode.q4_linear(torch.randn(1, 64, dtype=torch.float64), layer.qs, layer.scales, layer.mins)
+        q4(torch.randn(1, 64, dtype=torch.float64), layer.qs, layer.scales, layer.mins)
     with pytest.raises(RuntimeError, match="int8"):
-        torch.ops.specdecode.i8_linear(torch.randn(1, 64), layer.qs, torch.ones(32))
+        i8(torch.randn(1, 64), layer.qs, torch.ones(32))
     with pytest.raises(RuntimeError, match="qs must be contiguous uint8"):  # 1-d: refused before its size is read
-        torch.ops.specdecode.q4_linear(torch.randn(1, 64), layer.qs.flatten(), layer.scales, layer.mins)
+        q4(torch.randn(1, 64), layer.qs.flatten(), layer.scales, layer.mins)
     with pytest.raises(RuntimeError, match="w must be contiguous int8"):
-        torch.ops.specdecode.i8_linear(torch.randn(1, 64), torch.zeros(64, dtype=torch.int8), torch.ones(32))
+        i8(torch.randn(1, 64), torch.zeros(64, dtype=torch.int8), torch.ones(32))
 
 
-def test_q4_kernel_compiles_into_a_graph(loaded):
+def test_q4_kernel_compiles_into_a_graph(isa):
     """The operator traces (its fake) and the compiled layer equals eager, planned on the native kernel."""
     layer, g = _layer(64, 128, torch.bfloat16, seed=5)
-    layer.kernels = (NATIVE_Q4,) * 8
+    layer.kernels = (isa[0],) * 8
     x = torch.randn(1, 128, generator=g).to(torch.bfloat16)
     with torch.inference_mode():
         eager = layer(x)
