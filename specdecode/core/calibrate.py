@@ -19,6 +19,7 @@ from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import Drafter, SpecConfig, eagle3_decode, extend_draft
 
 BASELINE_EVERY = 4  # shapes measured between two segments of plain steps
+BASELINE_STEPS = 6  # timed plain steps a segment
 
 
 def _median_ms(values: Sequence[float]) -> float:
@@ -83,32 +84,46 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[SpecConfig],
-                        prompt_ids: Sequence[int], cycles: int = 6,
+                        prompt_ids: Sequence[int], cycles: int = 4, rounds: int = 2,
                         on_shape: Callable[[str], None] | None = None) -> CycleCosts:
     """Every cost the cost model needs for ``shapes`` on this target and drafter, as decoding
-    runs them (the same loop, cache and kernels), after ``prompt_ids``. Medians of ``cycles``
-    cycles per shape (after one warm-up): measured on a 2-core Xeon at q4 weights, 10 cycles took
-    13.7 s for the 15 candidates, 8 took 11.3 s; 6 keep the first run under 10 s."""
-    # Plain steps are timed in segments between the shapes (every BASELINE_EVERY) and each shape's
-    # speedup is taken against the segments on either side of it: measured on a 2-core Xeon, one
-    # block of plain steps right after load read 30 ms against 17 ms later in the same process.
+    runs them (the same loop, cache and kernels), after ``prompt_ids``: per shape, the medians of
+    ``cycles`` cycles in each of ``rounds`` rounds (after one warm-up each), and the plain steps
+    timed beside it.
+
+    The machine's speed drifts while it calibrates: on a 2-core Zen4 EPYC (bf16, drafter v5, one
+    round in candidate order) the plain step read 43.8 ms beside the first shapes and 32.1 beside the
+    last, so every chain (first in order) was measured on a slower machine than every top-4 tree.
+    The rounds alternate the order (the second runs the shapes backwards), so a steady drift reaches
+    every shape alike, and each shape keeps the plain steps timed on either side of it in each
+    round (``ShapeCost.baseline_ms``), by which the cost model puts all shapes on one time base.
+    2 rounds of 4 cycles: 8 cycles a shape, against 6 in one round before."""
     segments: list[list[float]] = []
     records: dict[str, list[CycleRecord]] = {}
-    for i, shape in enumerate(shapes):
-        if i % BASELINE_EVERY == 0:
-            segments.append(baseline_step_times(target, prompt_ids, steps=cycles))
-        if on_shape:
-            on_shape(shape_key(shape))
-        records[shape_key(shape)] = shape_cycles(target, drafter, shape, prompt_ids, cycles)
-    segments.append(baseline_step_times(target, prompt_ids, steps=cycles))
+    near: dict[str, list[float]] = {}
+    for r in range(rounds):
+        order = list(shapes) if r % 2 == 0 else list(reversed(shapes))
+        before = baseline_step_times(target, prompt_ids, steps=BASELINE_STEPS)
+        segments.append(before)
+        for g in range(0, len(order), BASELINE_EVERY):
+            group = order[g:g + BASELINE_EVERY]
+            for shape in group:
+                if on_shape:
+                    on_shape(shape_key(shape))
+                records.setdefault(shape_key(shape), []).extend(shape_cycles(target, drafter, shape, prompt_ids,
+                                                                             cycles))
+            after = baseline_step_times(target, prompt_ids, steps=BASELINE_STEPS)
+            segments.append(after)
+            for shape in group:
+                near.setdefault(shape_key(shape), []).extend(before + after)
+            before = after
     costs = {}
-    for i, shape in enumerate(shapes):
+    for shape in shapes:
         rs = records[shape_key(shape)]
-        near = segments[i // BASELINE_EVERY] + segments[i // BASELINE_EVERY + 1]
         draft, verify, other = (_median_ms([r.times.get(p, 0.0) for r in rs]) for p in ("draft", "verify", "other"))
-        costs[shape_key(shape)] = ShapeCost(draft, verify, other, _median_ms(near))
+        costs[shape_key(shape)] = ShapeCost(draft, verify, other, _median_ms(near[shape_key(shape)]))
     deepest = max(s.max_depth for s in shapes) + 1
-    isolated = extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), cycles)
+    isolated = extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), 2 * cycles)
     return CycleCosts(_median_ms([t for seg in segments for t in seg]), costs,
                       in_loop_extend(isolated, [r for rs in records.values() for r in rs]))
 

@@ -108,7 +108,8 @@ class ShapeCost:
     verify_ms: float
     other_ms: float
     # plain decoding's step timed next to this shape (the machine's speed drifts; measured on a
-    # 2-core Xeon, blocks of plain steps 2 minutes apart read 17 and 30 ms): the speedup's reference
+    # 2-core Xeon, blocks of plain steps 2 minutes apart read 17 and 30 ms): how its figures are put on
+    # the common time base (``CycleCosts.on_common_base``); None: measured at ``CycleCosts.baseline_ms``
     baseline_ms: float | None = None
 
 
@@ -121,32 +122,41 @@ class CycleCosts:
     extend_ms_by_tokens: Mapping[int, float]  # draft re-extend over T (target hidden, token) pairs
 
     def shape_cost(self, shape: SpecConfig) -> ShapeCost | None:
-        """What a cycle of ``shape`` costs by phase, read from fits over every measured shape rather
-        than from the shape's own figures: the verify by node count (``verify_ms_by_tokens``), the
-        draft by depth for its top-k (``draft_ms_by_steps``); bookkeeping and the plain step beside it
-        are the shape's own (or, for a node count not measured, the same depth and top-k's).
+        """What a cycle of ``shape`` costs by phase, on the common time base (``on_common_base``: the
+        plain step is ``baseline_ms``), read from fits over every measured shape rather than from the
+        shape's own figures: the verify by node count (``verify_ms_by_tokens``), the draft by depth for
+        its top-k (``draft_ms_by_steps``); bookkeeping is the shape's own (or, for a node count not
+        measured, the same depth and top-k's).
 
-        Each shape's figures are medians of a few cycles (6 in ``core.calibrate``) and one reading can
+        Each shape's figures are medians of a few cycles (8 in ``core.calibrate``) and one reading can
         be far off: measured here (bf16, 2 cores, drafter v4), a chain of 2 verified its 3 tokens in
         35.8 ms, less than one plain step (41.6), while a top-2 tree verified 3 tokens in 46.4 ms, and
         a 4-step chain drafted in 11.5 ms against 10.0 for 5 steps. Read raw, the chain of 2 was
         predicted at 1.78x (a 42.7 ms cycle); Spec-Bench measured 1.36x (a ~54.6 ms cycle) and 1.45x for
-        2 steps / top-2 / 5 tokens (predicted cycle 53.4 ms, measured ~56.0). From the fits, the same
-        figures predict the chain at 1.58x (48.2 ms) and 2/2/5 at 1.43x (56.2 ms): nearer, the same
-        choice."""
+        2 steps / top-2 / 5 tokens (predicted cycle 53.4 ms, measured ~56.0)."""
         base = self.shapes.get(shape_key(shape)) or self.shapes.get(shape_key(SpecConfig(shape.num_steps, shape.topk)))
         if base is None:
             return None
-        draft = self.draft_fit.get(shape.topk, {}).get(shape.num_steps, base.draft_ms)
-        return ShapeCost(draft, _interpolate(self.verify_fit, shape.num_draft_tokens), base.other_ms,
-                         base.baseline_ms)
+        draft = self.draft_fit.get(shape.topk, {}).get(shape.num_steps, self.on_common_base(base, base.draft_ms))
+        return ShapeCost(draft, _interpolate(self.verify_fit, shape.num_draft_tokens),
+                         self.on_common_base(base, base.other_ms), self.baseline_ms)
+
+    def on_common_base(self, cost: ShapeCost, ms: float) -> float:
+        """``ms`` measured beside ``cost``'s own plain steps, as it reads where a plain step takes
+        ``baseline_ms``: the machine's speed drifts between shapes, and a fit that pools shapes measured
+        at different speeds must not rank them by when they were measured. Measured on a 2-core Zen4
+        EPYC (bf16, drafter v5): pooling raw figures, the chains (measured first, beside 43.8 ms plain
+        steps) were read against the top-4 trees' verifies (beside 32.1 ms) and a chain of 4 was
+        predicted at 1.73x; Spec-Bench measured it at 1.36x, and 1.46x for 2 steps / top-2 / 5 tokens."""
+        return ms * self.baseline_ms / cost.baseline_ms if cost.baseline_ms else ms
 
     def verify_ms_by_tokens(self) -> dict[int, float]:
-        """Verify cost by node count: every shape verifying that many pooled (a verify's cost is a
-        function of its node count, whatever the tree), then made non-decreasing (``monotone_fit``)."""
+        """Verify cost by node count on the common time base: every shape verifying that many pooled (a
+        verify's cost is a function of its node count, whatever the tree), then made non-decreasing
+        (``monotone_fit``)."""
         by: dict[int, list[float]] = {}
         for key, c in self.shapes.items():
-            by.setdefault(int(key.split("/")[2]), []).append(c.verify_ms)
+            by.setdefault(int(key.split("/")[2]), []).append(self.on_common_base(c, c.verify_ms))
         return monotone_fit(by)
 
     @cached_property
@@ -158,12 +168,12 @@ class CycleCosts:
         return self.draft_ms_by_steps()
 
     def draft_ms_by_steps(self) -> dict[int, dict[int, float]]:
-        """Draft cost by top-k, then by depth, made non-decreasing in the depth (one more step is
-        never free)."""
+        """Draft cost by top-k, then by depth, on the common time base, made non-decreasing in the depth
+        (one more step is never free)."""
         by: dict[int, dict[int, list[float]]] = {}
         for key, c in self.shapes.items():
             steps, topk, _ = (int(x) for x in key.split("/"))
-            by.setdefault(topk, {}).setdefault(steps, []).append(c.draft_ms)
+            by.setdefault(topk, {}).setdefault(steps, []).append(self.on_common_base(c, c.draft_ms))
         return {k: monotone_fit(v) for k, v in by.items()}
 
     def extend_ms(self, tokens: float) -> float:
@@ -275,8 +285,8 @@ def predict(shape: SpecConfig, acceptance: AcceptanceTable, costs: CycleCosts) -
 
 def best_shape(shapes: Iterable[SpecConfig], acceptance: AcceptanceTable, costs: CycleCosts) -> list[Prediction]:
     """Every predictable shape's prediction, fastest first: by predicted speedup over the plain
-    step timed next to it, which a drift of the machine's speed between shapes leaves alone (ties:
-    the cheaper verify)."""
+    step, every shape's costs on the common time base (``CycleCosts.on_common_base``), which a drift of
+    the machine's speed between shapes leaves alone (ties: the cheaper verify)."""
     preds = [p for p in (predict(s, acceptance, costs) for s in shapes) if p is not None]
     return sorted(preds, key=lambda p: (-p.speedup, p.shape.num_draft_tokens, p.shape.num_steps))
 

@@ -128,13 +128,64 @@ def test_extend_is_priced_as_the_loop_pays_it():
     assert got[3] == pytest.approx(1.4 + 2.1)  # one cycle only: isolated + the median gap (2.0, 2.2)
 
 
-def test_speedup_is_taken_against_the_plain_step_timed_next_to_the_shape():
-    table = AcceptanceTable({1: [0.5, 0.2, 0.1, 0.0, 0.0, 0.0]})
+def test_shapes_measured_at_another_speed_are_put_on_one_time_base():
+    """A shape timed while the machine ran at half speed (the plain steps beside it took twice as long) reads at
+    half on the common time base: the same prediction as at full speed, and in the pooled fits it pulls no other
+    shape's cost (it would, read raw: the chains, measured first, were read against later, faster verifies)."""
+    table = AcceptanceTable({1: [0.5, 0.2, 0.1, 0.0, 0.0, 0.0], 2: [0.6, 0.3, 0.1, 0.0, 0.0, 0.0]})
     c = costs()
-    slow_base = CycleCosts(c.baseline_ms, {k: ShapeCost(v.draft_ms, v.verify_ms, v.other_ms, 2 * c.baseline_ms)
-                                          for k, v in c.shapes.items()}, c.extend_ms_by_tokens)
-    shape = SpecConfig(1, 1)
-    assert predict(shape, table, slow_base).speedup == pytest.approx(2 * predict(shape, table, c).speedup)
+    slow = CycleCosts(c.baseline_ms, {k: ShapeCost(2 * v.draft_ms, 2 * v.verify_ms, 2 * v.other_ms, 2 * c.baseline_ms)
+                                      for k, v in c.shapes.items()}, c.extend_ms_by_tokens)
+    for shape in (SpecConfig(1, 1), SpecConfig(4, 1), SpecConfig(2, 2)):
+        assert predict(shape, table, slow).speedup == pytest.approx(predict(shape, table, c).speedup)
+    mixed, raw = dict(c.shapes), dict(c.shapes)
+    for key in ("4/1/5", "2/2/5"):  # two of the three shapes verifying 5 tokens, measured at half speed
+        v = c.shapes[key]
+        mixed[key] = ShapeCost(2 * v.draft_ms, 2 * v.verify_ms, 2 * v.other_ms, 2 * c.baseline_ms)
+        raw[key] = ShapeCost(2 * v.draft_ms, 2 * v.verify_ms, 2 * v.other_ms)  # no plain steps beside: read as is
+    assert CycleCosts(c.baseline_ms, mixed, c.extend_ms_by_tokens).verify_ms_by_tokens() == pytest.approx(
+        c.verify_ms_by_tokens())
+    assert CycleCosts(c.baseline_ms, raw, c.extend_ms_by_tokens).verify_ms_by_tokens()[5] > c.verify_ms_by_tokens()[5]
+
+
+def test_calibration_alternates_the_order_so_a_drift_reaches_every_shape_alike(monkeypatch):
+    """A machine slowing steadily while it calibrates (each timing call 4% slower than the last): the rounds run the
+    shapes forwards then backwards, and on the common time base shapes of equal true cost read alike, where one
+    round in order read the first shapes cheaper than the last."""
+    import specdecode.core.calibrate as cal
+    from specdecode.core.profiler import CycleRecord
+
+    calls: list[str] = []
+
+    def speed() -> float:
+        return 1.0 + 0.04 * len(calls)
+
+    def plain(target, prompt_ids, steps, warmup=2):
+        calls.append("plain")
+        return [0.010 * speed()] * steps
+
+    def cycles(target, drafter, shape, prompt_ids, n, warmup=1):
+        calls.append(shape_key(shape))
+        times = {"draft": 0.001 * shape.num_steps * speed(), "verify": 0.010 * speed(), "other": 0.0005 * speed(),
+                 "extend": 0.001}
+        return [CycleRecord(shape.num_draft_tokens, 0, dict(times)) for _ in range(n)]
+
+    monkeypatch.setattr(cal, "baseline_step_times", plain)
+    monkeypatch.setattr(cal, "shape_cycles", cycles)
+    monkeypatch.setattr(cal, "extend_ms", lambda *a, **k: {t: 1.0 for t in range(1, 8)})
+    shapes = candidate_shapes()
+    for rounds, spread in ((1, 0.12), (2, 0.05)):
+        calls.clear()
+        got = cal.measure_cycle_costs(None, None, shapes, list(range(10)), rounds=rounds)
+        order = [c for c in calls if c != "plain"]
+        forwards, backwards = [shape_key(s) for s in shapes], [shape_key(s) for s in reversed(shapes)]
+        assert order == (forwards if rounds == 1 else forwards + backwards)
+        raw = [c.verify_ms for c in got.shapes.values()]  # every verify costs the same on a steady machine
+        common = [got.on_common_base(c, c.verify_ms) for c in got.shapes.values()]
+        if rounds == 1:
+            assert max(raw) / min(raw) > 1.5  # read raw, the first shape is the cheapest
+        # the plain steps are timed per group of shapes: the drift inside a group is what is left
+        assert max(common) / min(common) < 1 + spread, rounds
 
 
 def test_costs_are_read_from_monotone_fits_over_every_shape():
