@@ -172,7 +172,7 @@ def test_calibration_alternates_the_order_so_a_drift_reaches_every_shape_alike(m
 
     monkeypatch.setattr(cal, "baseline_step_times", plain)
     monkeypatch.setattr(cal, "shape_cycles", cycles)
-    monkeypatch.setattr(cal, "extend_ms", lambda *a, **k: {t: 1.0 for t in range(1, 8)})
+    monkeypatch.setattr(cal, "extend_ms", lambda *a, **k: dict.fromkeys(range(1, 8), 1.0))
     shapes = candidate_shapes()
     for rounds, spread in ((1, 0.12), (2, 0.05)):
         calls.clear()
