@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
+import types
 
 import pytest
 import torch
 
+from specdecode.core import batching
 from specdecode.core.batching import (
     BatchableDecoder,
     BatchConfig,
@@ -242,21 +243,29 @@ def test_decoders_say_what_they_draft_with(model):
 
 
 @pytest.mark.parametrize("slow", ["plain", "verify"])
-def test_auto_is_timed_once_per_batch_size_then_the_same_for_every_request(model, prompts, slow):
+def test_auto_is_timed_once_per_batch_size_then_the_same_for_every_request(model, prompts, slow, monkeypatch):
     """'auto' times both modes per batch size bucket before any request and keeps the faster, so a
     repeated request runs the same steps every time (in bf16 the two modes round differently: issue
     26); the calibration rows leave nothing behind."""
     drafter = SelfDrafter(perturbed(model, 0.05, 1), model, first_token=0)
     engine = BatchEngine(model, Tok(), drafter, SpecConfig(num_steps=2, topk=1), BatchConfig(slots=3))
     assert engine.policy.name == "auto"  # the default
-    # one mode made clearly slower: the target's calls of one token (plain steps) or of several (verify);
-    # 60 ms, not 20: with another job on the 2 cores, 20 ms flipped one batch size's choice
-    hook = model.register_forward_pre_hook(
-        lambda m, args: time.sleep(0.06) if (args[0].shape[1] == 1) == (slow == "plain") else None)
+    # one mode made clearly slower on a virtual clock the engine reads: every target call costs 10 ms, its calls
+    # of one token (plain steps) or of several (verify) 60 ms more. Real sleeps flipped a batch size's choice
+    # whenever another job shared the 2 cores (seen with 20 ms and with 60 ms sleeps)
+    now = [0.0]
+    monkeypatch.setattr(batching, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def cost(m: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        now[0] += 0.01 + (0.06 if (args[0].shape[1] == 1) == (slow == "plain") else 0.0)
+
+    hook = model.register_forward_pre_hook(cost)
     try:
         chosen = engine.calibrate(prompts[0])
     finally:
         hook.remove()
+    monkeypatch.undo()
+    assert now[0] > 0  # the engine timed the steps on the virtual clock
     assert chosen == {1: slow == "plain", 2: slow == "plain", 3: slow == "plain"}
     assert engine.active == 0 and engine.free_slots == 3
     options = GenerateOptions(max_new_tokens=12, stop_token_ids=())
