@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdecode.core.kernels import native_loaded
 from specdecode.core.kvcache import KVCache
 
 
@@ -80,17 +79,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 SMALL_QUERY = 16
 
 
-# bf16 calls on a CPU run the project's own kernel (csrc/small_attention.cpp, the avx2 module of
-# runtime.native) where it is registered: MEASUREMENT. fp32 and float64 stay on SDPA: exactness tests and
-# `check` compare them with transformers token for token, and the kernel's fp32 sums are in another order.
-NATIVE_ATTENTION = "small_attention"
-
-
-def native_attention(q: Tensor) -> bool:
-    """Whether a few-query call with ``q`` runs the project's kernel rather than SDPA."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and native_loaded(NATIVE_ATTENTION)
-
-
 def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """GQA attention for few queries. q [B, H, T, D]; k, v [B, KV, S, D]; mask broadcastable
     to [B, 1, T, S] (True = attend)."""
@@ -98,10 +86,6 @@ def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
     kv, S = k.shape[1], k.shape[2]
     g = H // kv
     qg = q.reshape(B, kv, g * T, D)  # heads of a group share their k/v: queries (head, token) of the group
-    if native_attention(q):
-        rows = None if mask is None else mask.reshape(-1, T, S)
-        out = torch.ops.specdecode.small_attention(qg, k, v, rows, T)
-        return cast(Tensor, out).view(B, H, T, D)
     if mask is not None:
         mask = mask.reshape(-1, 1, 1, T, S).expand(-1, 1, g, T, S).reshape(-1, 1, g * T, S)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)

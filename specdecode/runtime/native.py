@@ -35,16 +35,16 @@ _CSRC = Path(quant.__file__).parent / "csrc"
 @dataclass(frozen=True)
 class NativeModule:
     name: str
-    sources: tuple[Path, ...]
+    source: Path
     needs: frozenset[str]  # the CPU flags (/proc/cpuinfo's names) its code is compiled for
     cflags: tuple[str, ...]
     ops: tuple[str, ...]  # the torch.ops.specdecode operators it registers
 
 
 MODULES = (
-    NativeModule("avx2", (_CSRC / "avx2_linear.cpp", _CSRC / "small_attention.cpp"), frozenset({"avx2", "fma"}),
-                 ("-mavx2", "-mfma"), ("q4_linear", "i8_linear", "small_attention")),
-    NativeModule("avx512", (_CSRC / "avx512_linear.cpp",),
+    NativeModule("avx2", _CSRC / "avx2_linear.cpp", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"),
+                 ("q4_linear", "i8_linear")),
+    NativeModule("avx512", _CSRC / "avx512_linear.cpp",
                  frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
                  ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
                  ("q4_linear_avx512", "i8_linear_avx512")),
@@ -56,8 +56,7 @@ _state: dict[str, str | None] = {}  # module name: None once loaded, else why no
 
 def source_identity(module: NativeModule = MODULES[0]) -> str:
     h = hashlib.sha256()
-    for source in module.sources:
-        h.update(source.name.encode() + source.read_bytes())
+    h.update(module.source.name.encode() + module.source.read_bytes())
     h.update(" ".join(module.cflags).encode())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:12]
@@ -118,7 +117,7 @@ def _build(module: NativeModule, log: Callable[[str], None] | None) -> str | Non
         log(f"building the native CPU kernels ({module.name}) once (13-15 s on a 2-core EPYC) into {where} ...")
     _ninja_on_path()
     try:
-        cpp_extension.load(name, [str(p) for p in module.sources], build_directory=str(where), is_python_module=False,
+        cpp_extension.load(name, [str(module.source)], build_directory=str(where), is_python_module=False,
                            extra_cflags=["-O3", *module.cflags, "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
     except (RuntimeError, OSError, ImportError, SystemExit, subprocess.SubprocessError) as e:
@@ -131,14 +130,10 @@ def _build(module: NativeModule, log: Callable[[str], None] | None) -> str | Non
 
 
 def _register_fake(op: str) -> None:
-    """Shapes for tracing (``torch.export``, ``torch.compile``): the kernels run only on real tensors. The
-    linear operators are (x [rows, in], weight [out, ...], ...) -> [rows, out] in x's dtype; attention
-    gives q's shape."""
+    """Shapes for tracing (``torch.export``, ``torch.compile``): the kernels run only on real tensors. Every
+    operator is (x [rows, in], weight [out, ...], ...) -> [rows, out] in x's dtype."""
 
-    def linear(x: torch.Tensor, weight: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    def fake(x: torch.Tensor, weight: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], weight.shape[0])
 
-    def attention(q: torch.Tensor, *rest: object) -> torch.Tensor:
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-    torch.library.register_fake(f"specdecode::{op}")(attention if op == "small_attention" else linear)
+    torch.library.register_fake(f"specdecode::{op}")(fake)
