@@ -4,7 +4,8 @@
 # tokens: k=1 a decode step, k=3/5 verifies) with the measured kernel plan, once per setting of
 # SPECDECODE_NATIVE, alternated ROUNDS times (this machine's speed drifts: compare settings within a round).
 # Settings (SETTINGS, space-separated): 1 = every module this CPU runs (AVX-512 VNNI where it has it),
-# avx2 = the AVX2 module only, 0 = aten's kernels only. Each setting has its own kernel plan (the plan's
+# avx2 = the AVX2 module only, avx2,avx512 = the linear kernels without the attention module, 0 = aten's
+# kernels only. CONTEXT: cached tokens before each timed forward (default: formats' own). Each setting has its own kernel plan (the plan's
 # key records the candidates), measured at its first load.
 # Writes $OUT/native-<setting>-<round>.json (default OUT=benchmarks/results/native-kernels) and prints
 # the median per setting and k, and each setting's ratio to the first.
@@ -14,13 +15,15 @@ SD=.venv/bin/specdecode
 R=${OUT:-benchmarks/results/native-kernels}
 ROUNDS=${ROUNDS:-3}
 REPEATS=${REPEATS:-30}
+CONTEXT_ARGS=()
+[ -n "${CONTEXT:-}" ] && CONTEXT_ARGS=(--context "$CONTEXT")
 SETTINGS=${SETTINGS:-"avx2 1 0"}
 mkdir -p "$R"
 export COLUMNS=160
 for round in $(seq 1 "$ROUNDS"); do
   for setting in $SETTINGS; do
     echo "== round $round, SPECDECODE_NATIVE=$setting"
-    SPECDECODE_NATIVE=$setting $SD formats --threads 2 --formats bfloat16:q4:auto --ks 1,3,5 --repeats "$REPEATS" \
+    SPECDECODE_NATIVE=$setting $SD formats --threads 2 --formats bfloat16:q4:auto --ks 1,3,5 --repeats "$REPEATS" "${CONTEXT_ARGS[@]}" \
         --max-new-tokens 16 --out "$R/native-$setting-$round.json" 2>&1 | grep -v -E "Warning|warn_once" \
         | tee "$R/native-$setting-$round.txt"
   done

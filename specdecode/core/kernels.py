@@ -54,6 +54,14 @@ ONEDNN_F32 = "onednn_f32"  # a bf16 layer's weight kept in fp32, packed for oneD
 PACKED_KERNELS = ("onednn", ONEDNN_F32)  # kernels that run a packed copy of the weight
 
 
+def native_loaded(op: str = "q4_linear") -> bool:
+    """Whether the project's CPU operator ``op`` is registered (``runtime.native.load_native``)."""
+    try:
+        return hasattr(torch.ops.specdecode, op)
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def bucket_of(rows: int) -> int:
     """Index into ROW_BUCKETS of the choice that serves ``rows`` rows."""
     # a loop, not bisect: compiled steps trace through it (dynamo cannot trace C's bisect)

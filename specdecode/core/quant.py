@@ -36,6 +36,7 @@ from specdecode.core.kernels import (
     onednn_linear,
     onednn_usable,
 )
+from specdecode.core.kernels import native_loaded as native_loaded  # where the kernel plan asks
 
 WEIGHT_FORMATS = ("native", "int8", "q4")
 # dtypes aten._weight_int8pack_mm takes on CPU; others (float64 in exactness tests) use the
@@ -59,14 +60,6 @@ NATIVE_Q4 = "q4_avx2"  # specdecode::q4_linear
 NATIVE_I8 = "i8_avx2"  # specdecode::i8_linear
 NATIVE_Q4_KERNELS = {NATIVE_Q4: "q4_linear", "q4_avx512": "q4_linear_avx512"}
 NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
-
-
-def native_loaded(op: str = "q4_linear") -> bool:
-    """Whether the project's CPU operator ``op`` is registered (``runtime.native.load_native``)."""
-    try:
-        return hasattr(torch.ops.specdecode, op)
-    except (AttributeError, RuntimeError):
-        return False
 
 
 class Int8Linear(KernelDispatch, nn.Module):

@@ -47,8 +47,10 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import specdecode.core as core_package
+from specdecode.core.attention import NATIVE_ATTENTION
 from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
 from specdecode.core.compiled import CompiledSteps, GraphKey, check_compile_mode, span_buckets, use_steps
+from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.paths import cache_root
@@ -118,11 +120,13 @@ def weights_identity(module: nn.Module) -> str:
     """What a graph compiled from ``module`` embeds and depends on: its configuration, every
     parameter and buffer, its own and those of modules it holds in lists (name, shape, dtype and an
     even sample of its values: cheap, and a different file, format or quantization changes it), the
-    kernel each layer's plan chose, the step code (``code_identity``), and the machine (CPU, vector
-    ISA, torch build, threads: generated code is built for them)."""
+    kernel each layer's plan chose, whether attention runs the native kernel, the step code
+    (``code_identity``), and the machine (CPU, vector ISA, torch build, threads: generated code is
+    built for them)."""
     h = hashlib.sha256()
     h.update(repr((PACKAGE_VERSION, code_identity(), type(module).__name__, getattr(module, "config", None),
-                   sorted(machine_key(torch.get_num_threads()).items()))).encode())
+                   sorted(machine_key(torch.get_num_threads()).items()),
+                   native_loaded(NATIVE_ATTENTION))).encode())  # the graph calls the operator, or SDPA
     for prefix, owner in _held_modules(module):
         for name, t in owner.state_dict(keep_vars=True).items():
             flat = t.detach().reshape(-1)

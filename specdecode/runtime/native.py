@@ -2,9 +2,10 @@
 first use and kept in ``$SPECDECODE_CACHE/native/`` (13-15 s on a 2-core EPYC, once per source version; the build
 needs g++, which compiled steps need anyway, and ninja).
 
-Two modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA) and
-``avx512`` (the same kernels with AVX-512 VNNI), each its own shared library, so no code compiled for
-AVX-512 can run on a CPU without it.
+Three modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA),
+``avx512`` (the same linear kernels with AVX-512 VNNI) and ``attention`` (few-query attention, AVX2 + FMA),
+each its own shared library, so no code compiled for AVX-512 can run on a CPU without it, and
+``SPECDECODE_NATIVE`` can leave any one out of an A/B.
 
 ``load_native()`` registers the ``torch.ops.specdecode`` operators; ``core.quant`` offers their kernels
 to the kernel plan only once they are registered, so a machine that cannot build them (no compiler,
@@ -48,6 +49,9 @@ MODULES = (
                  frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
                  ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
                  ("q4_linear_avx512", "i8_linear_avx512")),
+    # its own module, so SPECDECODE_NATIVE=avx2,avx512 measures the linear kernels without it
+    NativeModule("attention", _CSRC / "small_attention.cpp", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"),
+                 ("small_attention",)),
 )
 
 _lock = threading.Lock()
@@ -130,10 +134,14 @@ def _build(module: NativeModule, log: Callable[[str], None] | None) -> str | Non
 
 
 def _register_fake(op: str) -> None:
-    """Shapes for tracing (``torch.export``, ``torch.compile``): the kernels run only on real tensors. Every
-    operator is (x [rows, in], weight [out, ...], ...) -> [rows, out] in x's dtype."""
+    """Shapes for tracing (``torch.export``, ``torch.compile``): the kernels run only on real tensors. The
+    linear operators are (x [rows, in], weight [out, ...], ...) -> [rows, out] in x's dtype; attention
+    gives q's shape."""
 
-    def fake(x: torch.Tensor, weight: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    def linear(x: torch.Tensor, weight: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], weight.shape[0])
 
-    torch.library.register_fake(f"specdecode::{op}")(fake)
+    def attention(q: torch.Tensor, *rest: object) -> torch.Tensor:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    torch.library.register_fake(f"specdecode::{op}")(attention if op == "small_attention" else linear)

@@ -27,6 +27,7 @@ from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
+from specdecode.runtime import compiling
 from specdecode.runtime.compiling import (
     TRACED_MODULES,
     PackageStore,
@@ -209,6 +210,16 @@ def test_precompile_needs_a_store_and_covers_every_cache_size():
     assert span_buckets(3000, 2048) == [256, 512, 1024, 2048]
     assert span_buckets(1024, 1000) == [256, 512, 1000]
     assert code_identity() == code_identity() and len(code_identity()) == 16
+
+
+def test_a_graph_traced_with_the_native_attention_is_not_loaded_without_it(monkeypatch):
+    """A graph calls the native attention operator or SDPA, whichever was registered when it was traced: a
+    process without the operator (SPECDECODE_NATIVE=0, no compiler) must not load one that calls it."""
+    model = tiny_model()
+    monkeypatch.setattr(compiling, "native_loaded", lambda op: True)
+    with_it = compiling.weights_identity(model)
+    monkeypatch.setattr(compiling, "native_loaded", lambda op: False)
+    assert compiling.weights_identity(model) != with_it
 
 
 def test_the_code_identity_covers_what_the_steps_import():

@@ -4,6 +4,7 @@ the kernel plan only when loaded, equal to the formula, traceable into compiled 
 import pytest
 import torch
 
+from specdecode.core.attention import NATIVE_ATTENTION, native_attention, small_query_attention
 from specdecode.core.quant import NATIVE_I8_KERNELS, NATIVE_Q4_KERNELS, Int4Linear, Int8Linear, native_loaded
 from specdecode.runtime import native
 
@@ -26,14 +27,14 @@ def test_why_unavailable_names_the_cause(monkeypatch):
     monkeypatch.setenv("SPECDECODE_NATIVE", "avx2")  # an A/B of the modules: only those named load
     assert native.why_unavailable(frozenset({"avx2", "fma"})) is None
     assert native.why_unavailable(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}), avx512) == (
-        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512)")
+        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512, attention)")
 
 
 def test_every_module_is_listed_with_its_operators():
     """Each kernel name the plan can choose runs an operator that some module registers."""
     ops = {op for m in native.MODULES for op in m.ops}
-    assert set(NATIVE_Q4_KERNELS.values()) | set(NATIVE_I8_KERNELS.values()) == ops
-    assert {m.name for m in native.MODULES} == set(ISAS)
+    assert set(NATIVE_Q4_KERNELS.values()) | set(NATIVE_I8_KERNELS.values()) | {NATIVE_ATTENTION} == ops
+    assert {m.name for m in native.MODULES} == {*ISAS, "attention"}
     assert all(m.source.exists() for m in native.MODULES)
 
 
@@ -188,3 +189,80 @@ def test_q4_kernel_compiles_into_a_graph(isa):
         eager = layer(x)
         compiled = torch.compile(lambda t: layer(t) * 2, fullgraph=True)(x)
     assert torch.equal(compiled, eager * 2)
+
+
+def _attention_case(B, T, S, dtype, masked, seed=0, D=64, kv=3, group=3):
+    """q [B, kv * group, T, D]; k, v views of a cache longer than S (as the model passes them); a random
+    per-row mask in which every query sees key 0 (as every caller's masks do)."""
+    g = torch.Generator().manual_seed(seed)
+    ck, cv = (torch.randn(B, kv, S + 7, D, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(B, kv * group, T, D, generator=g).to(dtype)
+    mask = None
+    if masked:
+        mask = torch.rand(B, 1, T, S, generator=g) > 0.4
+        mask[..., 0] = True
+    return q, ck[:, :, :S], cv[:, :, :S], mask
+
+
+def _attention_reference(q, k, v, mask):
+    g = q.shape[1] // k.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1), attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_kernel_is_attention(loaded, dtype):
+    """Decode (1 query), verify (3-16 tokens), batches of rows with their own masks, key counts that are
+    not a multiple of the kernel's 8-key block, a wider head: against float64 attention. bf16 within
+    its output's rounding (the kernel's scores and sums are fp32)."""
+    op = torch.ops.specdecode.small_attention
+    for B, T, S, masked, D in ((1, 1, 200, False, 64), (1, 3, 57, True, 64), (4, 5, 301, True, 64),
+                               (2, 16, 1000, True, 64), (3, 1, 9, True, 128), (1, 2, 1, False, 64)):
+        q, k, v, mask = _attention_case(B, T, S, dtype, masked, seed=S, D=D)
+        kv = k.shape[1]
+        rows = None if mask is None else mask.reshape(-1, T, S)
+        out = op(q.reshape(B, kv, -1, D), k, v, rows, T).view(q.shape)
+        assert out.dtype == dtype
+        ref = _attention_reference(q, k, v, mask)
+        # bf16: each output rounded once (half a unit in its last place, 2^-8 relative) after fp32 arithmetic
+        bound = ref.abs() * 2**-8 + 1e-4 if dtype == torch.bfloat16 else torch.full_like(ref, 2e-6)
+        excess = float(((out.double() - ref).abs() - bound).max())
+        assert excess <= 0, (B, T, S, masked, D, excess)
+
+
+def test_attention_kernel_masks_exactly_and_refuses_bad_input(loaded):
+    """A masked key contributes nothing (the same output with its value changed); one mask for every row
+    broadcasts; bad shapes and dtypes are refused with what is wrong."""
+    op = torch.ops.specdecode.small_attention
+    q, k, v, _ = _attention_case(2, 2, 20, torch.float32, False)
+    qg = q.reshape(2, 3, 6, 64)
+    mask = torch.ones(1, 2, 20, dtype=torch.bool)
+    mask[:, :, 5] = False
+    out = op(qg, k, v, mask, 2)
+    v2 = v.clone()
+    v2[:, :, 5] = 1e6
+    assert torch.equal(op(qg, k, v2, mask, 2), out)
+    assert not torch.equal(op(qg, k, v2, None, 2), op(qg, k, v, None, 2))
+    with pytest.raises(RuntimeError, match="mask must be bool"):
+        op(qg, k, v, mask.float(), 2)
+    with pytest.raises(RuntimeError, match="multiple of tokens"):
+        op(qg.reshape(2, 3, 4, 96)[..., :64].contiguous(), k, v, None, 3)
+    with pytest.raises(RuntimeError, match="all be float32 or all bfloat16"):
+        op(qg.double(), k.double(), v.double(), None, 2)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        op(qg[..., :60].contiguous(), k[..., :60].contiguous(), v[..., :60].contiguous(), None, 2)
+
+
+def test_bf16_few_query_attention_runs_the_kernel_into_a_graph(loaded):
+    """The model's few-query attention takes the kernel for a bf16 decode call on a CPU (fp32 and float64 stay
+    on SDPA, whose results exactness tests compare with transformers; so do verifies, where it measured
+    slower); it traces into a compiled graph (its fake)."""
+    q, k, v, mask = _attention_case(2, 1, 40, torch.bfloat16, True, seed=3)
+    assert native_attention(q) and not native_attention(q.float()) and not native_attention(q.double())
+    assert not native_attention(_attention_case(2, 3, 40, torch.bfloat16, True, seed=3)[0])
+    with torch.inference_mode():
+        eager = small_query_attention(q, k, v, mask)
+        compiled = torch.compile(lambda *a: small_query_attention(*a) * 2, fullgraph=True)(q, k, v, mask)
+    assert torch.equal(compiled, eager * 2)
+    ref = _attention_reference(q, k, v, mask)
+    assert bool(((eager.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-4).all())

@@ -1,0 +1,220 @@
+// specdecode::small_attention: attention of few queries per KV head (decode and verify steps), part of the
+// avx2 module (AVX2 + FMA). q [B, KV, G, D] holds each KV group's query heads folded into G = group * tokens
+// rows (head-major, as core.attention.small_query_attention lays them out); k, v [B, KV, S, D] are views of
+// the cache (the last dimension contiguous); mask [1 or B, tokens, S] bool (True = attend) or None (every
+// key). Row j of a group is token j % tokens. Scores, softmax and the weighted sum of values are fp32
+// throughout; the output is written in q's dtype. A row that sees no key gets zeros (callers never ask:
+// padding queries see key 0).
+//
+// Why: aten's SDPA (_scaled_dot_product_flash_attention_for_cpu) took 98 us per layer call at one query and
+// 200 keys in a bf16 decode step here (2-core Zen4 EPYC, torch profile), for about 0.2 MFLOP of work: its
+// cost is set-up, not arithmetic. See core/attention.py for what this kernel measured against it.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline void to_float(const float* x, float* out, int64_t n) { std::copy(x, x + n, out); }
+inline void to_float(const at::BFloat16* x, float* out, int64_t n) {  // bf16 -> fp32: the 16 bits become the high half
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i));
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) out[i] = static_cast<float>(x[i]);
+}
+
+inline void from_float(const float* x, float scale, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+}
+inline void from_float(const float* x, float scale, at::BFloat16* out, int64_t n) {  // round to nearest even
+  for (int64_t i = 0; i < n; ++i) out[i] = at::BFloat16(x[i] * scale);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// lane u: the sum of a[u]'s 8 lanes
+inline __m256 hsum8(const __m256* a) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// e^x, 8 at a time (Cephes' expf polynomial, about 1 ulp in fp32), for x <= 0 (scores less their maximum)
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+struct Scratch {
+  std::vector<float> q, k, v, scores;
+};
+
+// the keys' or values' rows as fp32 [S, D]: fp32 read in place (the caller checks the row stride is D),
+// bf16 converted once per call
+inline const float* as_float(const float* x, int64_t, int64_t, std::vector<float>&) { return x; }
+inline const float* as_float(const at::BFloat16* x, int64_t S, int64_t D, std::vector<float>& buf) {
+  buf.resize(S * D);
+  to_float(x, buf.data(), S * D);
+  return buf.data();
+}
+
+// one (row of the batch, KV head): G queries against S keys; D is a multiple of 8 (checked by the caller)
+template <typename T>
+void attend(const T* q, const T* k_in, const T* v_in, const bool* mask, int64_t mask_stride_t, int64_t mask_stride_s,
+            int64_t tokens, int64_t G, int64_t S, int64_t D, float scale, T* out) {
+  thread_local Scratch w;
+  w.q.resize(G * D);
+  w.scores.resize(G * S);
+  to_float(q, w.q.data(), G * D);
+  for (float& x : w.q) x *= scale;
+  const float* k = as_float(k_in, S, D, w.k);
+  const float* v = as_float(v_in, S, D, w.v);
+  constexpr float NEG = -std::numeric_limits<float>::infinity();
+  // scores 8 keys at a time: a block of keys (8 rows of k) stays in L1 across the G queries, and one
+  // reduction gives the 8 scores (one horizontal sum per key took twice as long)
+  int64_t s0 = 0;
+  for (; s0 + 8 <= S; s0 += 8)
+    for (int64_t j = 0; j < G; ++j) {
+      const float* qj = w.q.data() + j * D;
+      __m256 acc[8];
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(qj + d);
+        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (s0 + u) * D + d), acc[u]);
+      }
+      _mm256_storeu_ps(w.scores.data() + j * S + s0, hsum8(acc));
+    }
+  for (; s0 < S; ++s0)
+    for (int64_t j = 0; j < G; ++j) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(w.q.data() + j * D + d), _mm256_loadu_ps(k + s0 * D + d), acc);
+      w.scores[j * S + s0] = hsum(acc);
+    }
+  if (mask != nullptr)
+    for (int64_t j = 0; j < G; ++j)
+      for (int64_t s = 0; s < S; ++s)
+        if (!mask[(j % tokens) * mask_stride_t + s * mask_stride_s]) w.scores[j * S + s] = NEG;
+  const __m256 neg = _mm256_set1_ps(NEG), zero = _mm256_setzero_ps();
+  for (int64_t j = 0; j < G; ++j) {
+    float* sc = w.scores.data() + j * S;
+    const float top = *std::max_element(sc, sc + S);
+    float total = 0.f;
+    if (top == NEG) {
+      std::fill(sc, sc + S, 0.f);
+    } else {
+      const __m256 t = _mm256_set1_ps(top);
+      __m256 sum = _mm256_setzero_ps();
+      int64_t s = 0;
+      for (; s + 8 <= S; s += 8) {
+        const __m256 x = _mm256_loadu_ps(sc + s);
+        const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, t)), zero, _mm256_cmp_ps(x, neg, _CMP_EQ_OQ));
+        _mm256_storeu_ps(sc + s, e);
+        sum = _mm256_add_ps(sum, e);
+      }
+      total = hsum(sum);
+      for (; s < S; ++s) {
+        sc[s] = sc[s] == NEG ? 0.f : std::exp(sc[s] - top);
+        total += sc[s];
+      }
+    }
+    // the weighted sum of values, up to 64 outputs a pass held in registers
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const int64_t nc = std::min<int64_t>(64, D - d0) / 8;
+      __m256 acc[8];
+      for (int64_t c = 0; c < nc; ++c) acc[c] = _mm256_setzero_ps();
+      for (int64_t s = 0; s < S; ++s) {
+        if (sc[s] == 0.f) continue;  // masked (another row's slots, padding)
+        const __m256 p = _mm256_set1_ps(sc[s]);
+        const float* vs = v + s * D + d0;
+        for (int64_t c = 0; c < nc; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * c), acc[c]);
+      }
+      float row[64];
+      for (int64_t c = 0; c < nc; ++c) _mm256_storeu_ps(row + 8 * c, acc[c]);
+      from_float(row, total > 0.f ? 1.f / total : 0.f, out + j * D + d0, 8 * nc);
+    }
+  }
+}
+
+at::Tensor small_attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
+                           const c10::optional<at::Tensor>& mask_in, int64_t tokens) {
+  TORCH_CHECK(q_in.dim() == 4 && k.dim() == 4 && v.dim() == 4, "small_attention: q, k, v must be 4-d [B, KV, rows, D]");
+  const int64_t B = q_in.size(0), KV = q_in.size(1), G = q_in.size(2), D = q_in.size(3), S = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(1) == KV && k.size(3) == D && v.sizes() == k.sizes(),
+              "small_attention: k and v must be [B, KV, S, D] matching q ", q_in.sizes(), ", got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(q_in.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+                  (q_in.scalar_type() == at::kFloat || q_in.scalar_type() == at::kBFloat16),
+              "small_attention: q, k, v must all be float32 or all bfloat16");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == D && v.stride(2) == D && D % 8 == 0,
+              "small_attention: k and v must be cache views with contiguous [S, D] per head, D a multiple of 8");
+  TORCH_CHECK(tokens >= 1 && G % tokens == 0, "small_attention: rows (", G, ") must be a multiple of tokens (", tokens, ")");
+  const at::Tensor q = q_in.contiguous();
+  const bool* mask = nullptr;
+  int64_t mb = 0, mt = 0, ms = 0;
+  at::Tensor m;
+  if (mask_in.has_value() && mask_in->defined()) {
+    m = *mask_in;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 3 && (m.size(0) == 1 || m.size(0) == B) &&
+                    m.size(1) == tokens && m.size(2) == S,
+                "small_attention: mask must be bool [1 or ", B, ", ", tokens, ", ", S, "], got ", m.sizes());
+    mask = m.data_ptr<bool>();
+    mb = m.size(0) == 1 ? 0 : m.stride(0);
+    mt = m.stride(1);
+    ms = m.stride(2);
+  }
+  at::Tensor out = at::empty({B, KV, G, D}, q.options());
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  // threads only where the work pays for waking them: about 2^17 multiply-adds a task
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, 2 * G * S * D));
+  const auto run = [&](auto zero) {
+    using T = decltype(zero);
+    at::parallel_for(0, B * KV, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / KV, h = i % KV;
+        attend(q.data_ptr<T>() + i * G * D, k.data_ptr<T>() + b * k.stride(0) + h * k.stride(1),
+               v.data_ptr<T>() + b * v.stride(0) + h * v.stride(1), mask == nullptr ? nullptr : mask + b * mb,
+               mt, ms, tokens, G, S, D, scale, out.data_ptr<T>() + i * G * D);
+      }
+    });
+  };
+  if (q.scalar_type() == at::kFloat)
+    run(float{});
+  else
+    run(at::BFloat16{});
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specdecode, m) {
+  m.def("small_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, int tokens) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdecode, CPU, m) { m.impl("small_attention", &small_attention); }
