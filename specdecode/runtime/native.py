@@ -15,12 +15,14 @@ AVX-512: the kernel plan's key changes with the kernels offered)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +123,10 @@ def _build(module: NativeModule, log: Callable[[str], None] | None) -> str | Non
         log(f"building the native CPU kernels ({module.name}) once (13-15 s on a 2-core EPYC) into {where} ...")
     _ninja_on_path()
     try:
-        cpp_extension.load(name, [str(module.source)], build_directory=str(where), is_python_module=False,
-                           extra_cflags=["-O3", *module.cflags, "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           verbose=False)
+        with _builder_lock(where):
+            cpp_extension.load(name, [str(module.source)], build_directory=str(where), is_python_module=False,
+                               extra_cflags=["-O3", *module.cflags, "-fopenmp"], extra_ldflags=["-fopenmp"],
+                               verbose=False)
     except (RuntimeError, OSError, ImportError, SystemExit, subprocess.SubprocessError) as e:
         # no compiler or ninja, a failed or interrupted build: aten's kernels run instead
         last = (str(e).strip().splitlines() or [""])[-1][:200]
@@ -131,6 +134,22 @@ def _build(module: NativeModule, log: Callable[[str], None] | None) -> str | Non
     for op in module.ops:
         _register_fake(op)
     return None
+
+
+@contextlib.contextmanager
+def _builder_lock(where: Path) -> Iterator[None]:
+    """Hold an flock on ``where`` (released by the kernel when its process dies) while torch's extension
+    builder runs. The builder's own lock is a file it creates and removes (``lock``), waiting, silently and
+    without end, while one exists: a process killed while loading (Ctrl-C during a start) left one
+    behind, and every later start hung there. Under the flock no live process of ours is building here, so
+    such a file is stale and removed."""
+    with open(where / ".specdecode-build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            (where / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def _register_fake(op: str) -> None:

@@ -266,3 +266,24 @@ def test_bf16_few_query_attention_runs_the_kernel_into_a_graph(loaded):
     assert torch.equal(compiled, eager * 2)
     ref = _attention_reference(q, k, v, mask)
     assert bool(((eager.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-4).all())
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_start(tmp_path, monkeypatch):
+    """torch's extension builder waits without end while its ``lock`` file exists; a process killed while
+    loading left one, and every later start hung. Under our own flock the file is known stale and removed."""
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    module = native.MODULES[0]
+    where = tmp_path / "native" / f"specdecode_{module.name}_{native.source_identity(module)}"
+    where.mkdir(parents=True)
+    (where / "lock").touch()  # the baton of a build whose process was killed
+
+    def load(name, sources, build_directory, **kwargs):
+        assert not (Path(build_directory) / "lock").exists(), "torch's builder would wait here forever"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(native, "_register_fake", lambda op: None)
+    assert native._build(module, None) is None
