@@ -19,6 +19,7 @@ from torch import nn
 
 from specdecode.core.kernels import (
     KERNEL_MODES,
+    MEASURE_METHOD,
     ONEDNN_F32,
     ROW_BUCKETS,
     KernelPlan,
@@ -96,7 +97,7 @@ def hardware_key(model: nn.Module, threads: int, exclude: frozenset[str] = froze
     candidates = {key: sorted({k for rows in ROW_BUCKETS for k in offered(layers[0], rows, exclude)})
                   for key, layers in kernel_layers(model).items()}
     return machine_key(threads) | {"row_buckets": list(ROW_BUCKETS), "groups": sorted(kernel_layers(model)),
-                                   "candidates": candidates}
+                                   "candidates": candidates, "measured": MEASURE_METHOD}
 
 
 def plan_path(key: dict[str, object]) -> Path:

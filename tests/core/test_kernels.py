@@ -177,3 +177,59 @@ def test_bf16_without_onednn_bf16_offers_fp32_copies_and_graphs_keep_the_static_
     assert torch.equal(layer(x), layer.run_kernel(layer.static_kernel(3, x), x))
     apply_kernels(model, {})
     assert layer.packed is None
+
+
+class _ClockedLayer:
+    """A layer whose kernels cost virtual time: ``cost[kernel]``, three times that during a burst of load."""
+
+    def __init__(self, clock, cost, burst, log):
+        self.clock, self.cost, self.burst, self.log = clock, cost, burst, log
+
+    def run_kernel(self, kernel, x):
+        self.log.append(kernel)
+        slow = 3.0 if self.burst[0] <= self.clock[0] < self.burst[1] else 1.0
+        self.clock[0] += self.cost[kernel] * slow
+        return x
+
+
+def test_plan_timing_alternates_kernels_so_a_burst_of_load_picks_no_loser(monkeypatch):
+    """Kernels alternate pass by pass, and a burst of load lasting three passes (another job on a 2-core
+    machine) cannot make the faster kernel lose: timed one kernel after another, the burst covered all of the
+    faster kernel's timed passes."""
+    import types
+
+    import specdecode.core.kernels as kernels
+
+    clock, log = [0.0], []
+    monkeypatch.setattr(kernels, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = {"fast": 1.0, "slow": 1.3}
+    # a pass is 2 layers: 2.0 fast, 2.6 slow, three times that in the burst [2, 20): timed kernel after kernel
+    # (fast's warm-up [0, 2), its 3 timed passes [2, 20), slow's after) fast read 6.0 a pass and lost
+    layers = [_ClockedLayer(clock, cost, (2.0, 20.0), log) for _ in range(2)]
+    times = kernels._time_kernels(layers, ("fast", "slow"), torch.zeros(1), reps=3)
+    assert min(times, key=times.__getitem__) == "fast"
+    assert times == pytest.approx({"fast": 2.0, "slow": 2.6})
+    passes = [log[i:i + 2] for i in range(0, len(log), 2)]
+    assert all(p[0] == p[1] for p in passes) and len(passes) == 8
+    assert [p[0] for p in passes] == ["slow", "fast", "fast", "slow", "slow", "fast", "fast", "slow"]
+
+
+def test_a_quantized_layer_in_a_graph_runs_the_nearest_smaller_unpacked_choice(monkeypatch):
+    """Where the plan packs (onednn) a compiled graph would fold the dequantized weight in; a quantized
+    layer runs the plan's choice at the largest smaller row bucket that is not packed, its own rule if
+    there is none; a float layer keeps ``aten`` (inductor packs its constant weight)."""
+    model = tiny_model(dtype=torch.bfloat16)
+    quantize_weights(model, "int8")
+    layer = next(layer for g in kernel_layers(model).values() for layer in g if isinstance(layer, Int8Linear))
+    x = torch.zeros(8, layer.in_features, dtype=torch.bfloat16)
+    plan = ["int8pack", "aten", "int8pack", "onednn", "onednn", "aten", "onednn", "onednn"]
+    assert len(plan) == len(ROW_BUCKETS)
+    layer.kernels = tuple(plan)
+    assert layer.graph_kernel(8, x, "onednn") == "int8pack"  # bucket of 8 rows: onednn; 4 rows: int8pack
+    assert layer.graph_kernel(16, x, "onednn") == "int8pack"  # 16: onednn, 8: onednn, 4: int8pack
+    assert layer.graph_kernel(256, x, "onednn") == "aten"  # 64 rows: aten
+    layer.kernels = ("onednn",) * len(ROW_BUCKETS)
+    assert layer.graph_kernel(8, x, "onednn") == layer.static_kernel(8, x)
+    layer.kernels = None
+    linear = Linear(16, 8).to(torch.bfloat16)
+    assert linear.graph_kernel(8, torch.zeros(8, 16, dtype=torch.bfloat16), "onednn") == "aten"

@@ -29,22 +29,22 @@ def test_a_measurement_cut_short_resumes_where_it_stopped(tmp_path, monkeypatch)
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     model = tiny_model(dtype=torch.bfloat16)
     quantize_weights(model, "int8")
-    real = kernels._time_kernel
+    real = kernels._time_kernels
 
-    def interrupted(layers, kernel, x, reps):
+    def interrupted(layers, candidates, x, reps):
         if list(tmp_path.rglob("*.partial.json")):
             raise KeyboardInterrupt  # cut short inside the second group, after the first was saved
-        return real(layers, kernel, x, reps)
+        return real(layers, candidates, x, reps)
 
     groups = len([g for g, layers in kernels.kernel_layers(model).items()
                   if len(layers[0].kernel_candidates(1)) >= 2])
     assert groups >= 2
-    monkeypatch.setattr(kernels, "_time_kernel", interrupted)
+    monkeypatch.setattr(kernels, "_time_kernels", interrupted)
     with pytest.raises(KeyboardInterrupt):
         install_kernels(model, "auto", 1, torch.device("cpu"))
     partial = list(tmp_path.rglob("*.partial.json"))
     assert len(partial) == 1
-    monkeypatch.setattr(kernels, "_time_kernel", real)
+    monkeypatch.setattr(kernels, "_time_kernels", real)
     heard: list[str] = []
     plan = install_kernels(model, "auto", 1, torch.device("cpu"), heard.append)
     assert plan.source == "measured" and any("resuming a measurement cut short (1 groups" in h for h in heard)
