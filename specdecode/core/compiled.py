@@ -9,11 +9,11 @@ chunks (more tokens) stay eager.
 
 On CPU the graphs are built by inductor with freezing (weights as constants: the bf16 linear
 weights packed for oneDNN; a 4-bit or int8 layer whose plan chose oneDNN runs its nearest smaller
-unpacked choice, ``core.quant.QuantizedDispatch``) and the C++ wrapper (no Python between kernels). Measured on a 2-core Xeon (bf16
-activations, the GGUF's 4-bit weights, SmolLM2-135M, 200 tokens of context): a decode step
-15.4 ms compiled against 28.1 ms eager, verify of 5 tokens 33.1 against 49.9 ms; plain inductor
-was slower than eager in an earlier measurement (issue 22), and so was a cache stored as views of
-one tensor (28 ms: inductor copied it every step). On CUDA the graphs are CUDA graphs
+unpacked choice, ``core.quant.QuantizedDispatch``) and the C++ wrapper (no Python between kernels).
+Measured on a 2-core Xeon (bf16 activations, the GGUF's 4-bit weights, SmolLM2-135M, 200 tokens
+of context): a decode step 15.4 ms compiled against 28.1 ms eager, verify of 5 tokens 33.1 against
+49.9 ms; plain inductor was slower than eager in an earlier measurement (issue 22), and so was a
+cache stored as views of one tensor (28 ms: inductor copied it every step). On CUDA the graphs are CUDA graphs
 (``mode="reduce-overhead"``).
 
 A graph compiles on its first call (``on_compile`` reports it): about 70-110 s cold here per
