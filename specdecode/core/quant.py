@@ -164,8 +164,8 @@ class Int4Linear(QuantizedDispatch, nn.Module):
     qs: Tensor  # [out, in / 2] uint8: per group of 32, q[j] | q[j + 16] << 4 (GGUF's order; a buffer)
     int4pack: Tensor  # the CPU kernel's packed layout of q (a buffer)
     scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
-    scales: Tensor  # [out, in / 32] float32: the same scales, for the native kernels (q4_avx2, q4_avx512)
-    mins: Tensor  # [out, in / 32] float32: zero - 8 * scale, so that w = q * scale + min
+    scales: Tensor  # [out, in / 32] in the model dtype: the same scales, row by row, for the native kernels
+    zeros: Tensor  # [out, in / 32] in the model dtype: the same zeros (q4_avx2, q4_avx512 form zero - 8 * scale)
 
     def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
         """q [out, in] integers 0..15; scales, zeros [out, in / 32] (float32, as the file gives them)."""
@@ -184,9 +184,10 @@ class Int4Linear(QuantizedDispatch, nn.Module):
             q.to(torch.int32).cpu().contiguous(), 1) if out_f % 16 == 0 else torch.empty(0, dtype=torch.uint8))
         sz = torch.stack((scales.t(), zeros.t()), dim=-1).to(dtype).contiguous()
         self.register_buffer("scales_and_zeros", sz)
-        # every kernel computes with the same (model-dtype) scales and zeros
-        self.register_buffer("scales", sz[..., 0].t().float().contiguous())
-        self.register_buffer("mins", (sz[..., 1].t().float() - 8 * self.scales).contiguous())
+        # every kernel computes with the same (model-dtype) scales and zeros. The native kernels read them row
+        # by row in that dtype (bf16: 0.625 bytes a weight with qs, where fp32 scales and mins made 0.75)
+        self.register_buffer("scales", sz[..., 0].t().contiguous())
+        self.register_buffer("zeros", sz[..., 1].t().contiguous())
         self.bias = None
 
     def unpacked(self) -> Tensor:
@@ -214,7 +215,7 @@ class Int4Linear(QuantizedDispatch, nn.Module):
             return cast(Tensor, torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.contiguous(), self.int4pack, _INT4_GROUP, self.scales_and_zeros))
         if (op := NATIVE_Q4_KERNELS.get(kernel)) is not None:
-            return cast(Tensor, getattr(torch.ops.specdecode, op)(x2, self.qs, self.scales, self.mins))
+            return cast(Tensor, getattr(torch.ops.specdecode, op)(x2, self.qs, self.scales, self.zeros))
         if kernel == "onednn" and self.packed is not None:
             return onednn_linear(x2, self.packed, None)
         if kernel == ONEDNN_F32 and self.packed is not None:

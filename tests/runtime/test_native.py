@@ -158,10 +158,10 @@ def test_kernel_tiny_blocks_and_nan(isa):
     x = torch.randn(1, 64, generator=g) * 1e-36
     ref = x.double() @ layer.dequantized().double().t()
     for lay in (layer, layer_bf):
-        out = q4(x.to(lay.scales_and_zeros.dtype), lay.qs, lay.scales, lay.mins).double()
+        out = q4(x.to(lay.scales_and_zeros.dtype), lay.qs, lay.scales, lay.zeros).double()
         assert float((out - ref).abs().max() / ref.abs().max()) <= 1e-2
     x[0, 3] = float("nan")
-    assert not torch.isfinite(q4(x, layer.qs, layer.scales, layer.mins)).any()
+    assert not torch.isfinite(q4(x, layer.qs, layer.scales, layer.zeros)).any()
 
 
 def test_q4_kernel_refuses_bad_shapes(isa):
@@ -169,15 +169,30 @@ def test_q4_kernel_refuses_bad_shapes(isa):
               getattr(torch.ops.specdecode, NATIVE_I8_KERNELS[isa[1]]))
     layer, _ = _layer(32, 64, torch.float32)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        q4(torch.randn(1, 48), layer.qs, layer.scales, layer.mins)
+        q4(torch.randn(1, 48), layer.qs, layer.scales, layer.zeros)
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
-        q4(torch.randn(1, 64, dtype=torch.float64), layer.qs, layer.scales, layer.mins)
+        q4(torch.randn(1, 64, dtype=torch.float64), layer.qs, layer.scales, layer.zeros)
     with pytest.raises(RuntimeError, match="int8"):
         i8(torch.randn(1, 64), layer.qs, torch.ones(32))
     with pytest.raises(RuntimeError, match="qs must be contiguous uint8"):  # 1-d: refused before its size is read
-        q4(torch.randn(1, 64), layer.qs.flatten(), layer.scales, layer.mins)
+        q4(torch.randn(1, 64), layer.qs.flatten(), layer.scales, layer.zeros)
     with pytest.raises(RuntimeError, match="w must be contiguous int8"):
         i8(torch.randn(1, 64), torch.zeros(64, dtype=torch.int8), torch.ones(32))
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        q4(torch.randn(1, 64), layer.qs, layer.scales, layer.zeros.to(torch.bfloat16))
+
+
+def test_q4_kernel_reads_bf16_scales_and_zeros_exactly(isa):
+    """A bf16 layer's scales and zeros stream in bf16 (0.125 bytes a weight, not fp32's 0.25); the kernel
+    forms zero - 8 * scale in fp32 from them, so its output equals the same values given as fp32, bit for bit
+    (1-5 rows, a width whose block count is not a multiple of the vector width)."""
+    q4 = getattr(torch.ops.specdecode, NATIVE_Q4_KERNELS[isa[0]])
+    layer, g = _layer(36, 32 * 21, torch.bfloat16, seed=11)
+    assert layer.scales.dtype == layer.zeros.dtype == torch.bfloat16
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 32 * 21, generator=g).to(torch.bfloat16)
+        assert torch.equal(q4(x, layer.qs, layer.scales, layer.zeros),
+                           q4(x, layer.qs, layer.scales.float(), layer.zeros.float()))
 
 
 def test_q4_kernel_compiles_into_a_graph(isa):

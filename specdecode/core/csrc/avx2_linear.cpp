@@ -3,7 +3,8 @@
 // weights with one scale per output row.
 //
 // Weights: qs [N, K/2] uint8, per block of 32 inputs 16 bytes whose low nibbles are inputs 0-15 and
-// high nibbles inputs 16-31 (GGUF's Q4_0/Q4_1 order); w = q * scales[n, g] + mins[n, g] (fp32 [N, K/32]).
+// high nibbles inputs 16-31 (GGUF's Q4_0/Q4_1 order); w = (q - 8) * scales[n, g] + zeros[n, g] ([N, K/32], both
+// float32 or both bfloat16: the layer's own dtype).
 // Activations: each row's block of 32 is quantized to int16 with its own scale (max |x| / 32767) and
 // the products summed exactly in int32 (_mm256_madd_epi16); the block's sum of x (fp32) carries the
 // mins. The int16 step is 2^-15 of the block's largest value, below bf16's own rounding (2^-9 of each
@@ -31,16 +32,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(a);
 }
 
-// sum of a[g] * b[g], 8 at a time (the mins' share of a row: 48 scalar steps a row for a 1536-wide input)
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t g = 0;
-  for (; g + 8 <= n; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + g), _mm256_loadu_ps(b + g), acc);
-  float rest = 0.f;
-  for (; g < n; ++g) rest += a[g] * b[g];
-  return hsum(acc) + rest;
-}
-
 // One call's activations, quantized per block of 32. The buffers are reused by the calling thread and
 // keep their largest size: a 4096-row prefill through a 1536-wide layer leaves ~14 MB per thread.
 struct Acts {
@@ -52,6 +43,24 @@ inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
 inline __m256 load8(const at::BFloat16* x) {  // bf16 -> fp32: the 16 bits become the high half
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float to_f(float v) { return v; }
+inline float to_f(at::BFloat16 v) { return static_cast<float>(v); }
+
+// sum over g of (zeros[g] - 8 scales[g]) * b[g], 8 at a time: the mins' share of a row (w = q * scale + zero -
+// 8 scale, the min formed here in fp32 from the layer's own scales and zeros, which stream in the model's
+// dtype: bf16 scales and zeros are 0.125 bytes a weight where fp32 scales and mins were 0.25)
+template <typename S>
+inline float dot_mins(const S* scales, const S* zeros, const float* b, int64_t n) {
+  const __m256 eight = _mm256_set1_ps(8.f);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= n; g += 8)
+    acc = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, load8(scales + g), load8(zeros + g)), _mm256_loadu_ps(b + g), acc);
+  float rest = 0.f;
+  for (; g < n; ++g) rest += std::fma(-8.f, to_f(scales[g]), to_f(zeros[g])) * b[g];
+  return hsum(acc) + rest;
 }
 
 template <typename T>
@@ -114,8 +123,8 @@ inline void load_acts(const Acts& a, int64_t m, int64_t K, int64_t g, __m256i (&
 }
 
 // MB activation rows against NB weight rows starting at row n; y [M, N] fp32
-template <int MB, int NB>
-inline void tile(const uint8_t* qs, const float* scales, const float* mins, int64_t K, const Acts& a, int64_t m,
+template <int MB, int NB, typename S>
+inline void tile(const uint8_t* qs, const S* scales, const S* zeros, int64_t K, const Acts& a, int64_t m,
                  float* y, int64_t N, int64_t n) {
   const int64_t G = K / 32;
   const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -130,7 +139,7 @@ inline void tile(const uint8_t* qs, const float* scales, const float* mins, int6
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + (n + r) * (K / 2) + g * 16));
       const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(v, low4));
       const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), low4));
-      const __m256 s = _mm256_broadcast_ss(scales + (n + r) * G + g);
+      const __m256 s = _mm256_set1_ps(to_f(scales[(n + r) * G + g]));
       for (int i = 0; i < MB; ++i) {
         const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, x0[i]), _mm256_madd_epi16(hi, x1[i]));
         acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, xs[i]), acc[i][r]);
@@ -139,21 +148,31 @@ inline void tile(const uint8_t* qs, const float* scales, const float* mins, int6
   }
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < NB; ++r) {
-      const float* mr = mins + (n + r) * G;
       const float* xsum = a.sum.data() + (m + i) * G;
-      y[(m + i) * N + n + r] = hsum(acc[i][r]) + dot(mr, xsum, G);
+      y[(m + i) * N + n + r] = hsum(acc[i][r]) + dot_mins(scales + (n + r) * G, zeros + (n + r) * G, xsum, G);
     }
 }
 
-template <int NB>
-inline void rows(const uint8_t* qs, const float* scales, const float* mins, int64_t K, const Acts& a, int64_t M,
+template <int NB, typename S>
+inline void rows(const uint8_t* qs, const S* scales, const S* zeros, int64_t K, const Acts& a, int64_t M,
                  float* y, int64_t N, int64_t n) {
   int64_t m = 0;
-  for (; m + 2 <= M; m += 2) tile<2, NB>(qs, scales, mins, K, a, m, y, N, n);
-  for (; m < M; ++m) tile<1, NB>(qs, scales, mins, K, a, m, y, N, n);
+  for (; m + 2 <= M; m += 2) tile<2, NB>(qs, scales, zeros, K, a, m, y, N, n);
+  for (; m < M; ++m) tile<1, NB>(qs, scales, zeros, K, a, m, y, N, n);
 }
 
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& mins) {
+template <typename S>
+void q4_run(const uint8_t* qp, const S* sp, const S* zp, int64_t K, const Acts& a, int64_t M, float* yp,
+            int64_t N) {
+  constexpr int NB = 4;
+  const int64_t blocks = N / NB;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) rows<NB>(qp, sp, zp, K, a, M, yp, N, b * NB);
+  });
+  for (int64_t n = blocks * NB; n < N; ++n) rows<1>(qp, sp, zp, K, a, M, yp, N, n);
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& zeros) {
   TORCH_CHECK(x.dim() == 2, "q4_linear: x must be [rows, in], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "q4_linear: x must be bfloat16 or float32, got ", x.scalar_type());
@@ -162,24 +181,22 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.dim() == 2 && qs.size(1) == K / 2 && qs.is_contiguous(),
               "q4_linear: qs must be contiguous uint8 [out, ", K / 2, "], got ", qs.sizes());
   const int64_t N = qs.size(0);
-  for (const at::Tensor* t : {&scales, &mins})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == N && t->size(1) == G &&
-                    t->is_contiguous(),
-                "q4_linear: scales and mins must be contiguous float32 [", N, ", ", G, "], got ", t->sizes());
+  for (const at::Tensor* t : {&scales, &zeros})
+    TORCH_CHECK((t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16) &&
+                    t->scalar_type() == scales.scalar_type() && t->dim() == 2 && t->size(0) == N &&
+                    t->size(1) == G && t->is_contiguous(),
+                "q4_linear: scales and zeros must be contiguous [", N, ", ", G,
+                "], both float32 or both bfloat16, got ", t->sizes(), " ", t->scalar_type());
   const at::Tensor xc = x.contiguous();
   const Acts& a = xc.scalar_type() == at::kFloat ? quantize(xc.data_ptr<float>(), M, K)
                                                  : quantize(xc.data_ptr<at::BFloat16>(), M, K);
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
   float* yp = y.data_ptr<float>();
   const uint8_t* qp = qs.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* mp = mins.data_ptr<float>();
-  constexpr int NB = 4;
-  const int64_t blocks = N / NB;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) rows<NB>(qp, sp, mp, K, a, M, yp, N, b * NB);
-  });
-  for (int64_t n = blocks * NB; n < N; ++n) rows<1>(qp, sp, mp, K, a, M, yp, N, n);
+  if (scales.scalar_type() == at::kFloat)
+    q4_run(qp, scales.data_ptr<float>(), zeros.data_ptr<float>(), K, a, M, yp, N);
+  else
+    q4_run(qp, scales.data_ptr<at::BFloat16>(), zeros.data_ptr<at::BFloat16>(), K, a, M, yp, N);
   return xc.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -255,7 +272,7 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY(specdecode, m) {
-  m.def("q4_linear(Tensor x, Tensor qs, Tensor scales, Tensor mins) -> Tensor");
+  m.def("q4_linear(Tensor x, Tensor qs, Tensor scales, Tensor zeros) -> Tensor");
   m.def("i8_linear(Tensor x, Tensor w, Tensor scales) -> Tensor");
 }
 

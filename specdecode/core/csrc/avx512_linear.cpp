@@ -39,17 +39,33 @@ inline __m512 load16(const at::BFloat16* x) {  // bf16 -> fp32: the 16 bits beco
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// the first n < 16 values (the rest zero)
+inline __m512 load16_first(const float* x, __mmask16 k) { return _mm512_maskz_loadu_ps(k, x); }
+inline __m512 load16_first(const at::BFloat16* x, __mmask16 k) {
+  const __m256i h = _mm256_maskz_loadu_epi16(k, x);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline float to_f(float v) { return v; }
+inline float to_f(at::BFloat16 v) { return static_cast<float>(v); }
+
 inline void store(float* y, float v) { *y = v; }
 inline void store(at::BFloat16* y, float v) { *y = at::BFloat16(v); }  // round to nearest even
 
-// sum of a[g] * b[g], 16 at a time
-inline float dot(const float* a, const float* b, int64_t n) {
+// sum over g of (zeros[g] - 8 scales[g]) * b[g], 16 at a time: the mins' share of a row (w = q * scale + zero
+// - 8 scale; the min is formed here, in fp32, from the layer's own scales and zeros, so the weights stream
+// in the model's dtype: bf16 scales and zeros are 0.125 bytes a weight where fp32 scales and mins were 0.25)
+template <typename S>
+inline float dot_mins(const S* scales, const S* zeros, const float* b, int64_t n) {
+  const __m512 eight = _mm512_set1_ps(8.f);
   __m512 acc = _mm512_setzero_ps();
   int64_t g = 0;
-  for (; g + 16 <= n; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + g), _mm512_loadu_ps(b + g), acc);
+  for (; g + 16 <= n; g += 16)
+    acc = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, load16(scales + g), load16(zeros + g)), _mm512_loadu_ps(b + g), acc);
   if (g < n) {
     const __mmask16 k = static_cast<__mmask16>((1u << (n - g)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + g), _mm512_maskz_loadu_ps(k, b + g), acc);
+    acc = _mm512_fmadd_ps(_mm512_fnmadd_ps(eight, load16_first(scales + g, k), load16_first(zeros + g, k)),
+                          _mm512_maskz_loadu_ps(k, b + g), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
@@ -105,8 +121,8 @@ const Acts& quantize(const T* x, int64_t M, int64_t K) {
 }
 
 // MB activation rows from m against NB 4-bit weight rows from n
-template <int MB, int NB, typename Y>
-inline void tile4(const uint8_t* qs, const float* scales, const float* mins, int64_t K, const Acts& a, int64_t m,
+template <int MB, int NB, typename S, typename Y>
+inline void tile4(const uint8_t* qs, const S* scales, const S* zeros, int64_t K, const Acts& a, int64_t m,
                   Y* y, int64_t N, int64_t n) {
   const int64_t G = K / 32, P = (G + 1) / 2;
   const __m512i low4 = _mm512_set1_epi16(0x0F);
@@ -122,8 +138,8 @@ inline void tile4(const uint8_t* qs, const float* scales, const float* mins, int
                                  : _mm256_maskz_loadu_epi8(0xFFFFu, wr);  // the odd last block: 16 bytes
       const __m512i v = _mm512_cvtepu8_epi16(bytes);
       const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_srli_epi16(v, 4);
-      const float* sr = scales + (n + r) * G + 2 * p;
-      const __m512 sw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sr[0]), _mm512_set1_ps(full ? sr[1] : sr[0]));
+      const S* sr = scales + (n + r) * G + 2 * p;
+      const __m512 sw = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(to_f(sr[0])), _mm512_set1_ps(to_f(full ? sr[1] : sr[0])));
       for (int i = 0; i < MB; ++i) {
         const int16_t* xr = a.q.data() + (m + i) * a.width + p * 64;
         __m512i d = _mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xr));
@@ -136,7 +152,8 @@ inline void tile4(const uint8_t* qs, const float* scales, const float* mins, int
   for (int i = 0; i < MB; ++i)
     for (int r = 0; r < NB; ++r)
       store(y + (m + i) * N + n + r,
-            _mm512_reduce_add_ps(acc[i][r]) + dot(mins + (n + r) * G, a.sum.data() + (m + i) * G, G));
+            _mm512_reduce_add_ps(acc[i][r]) +
+                dot_mins(scales + (n + r) * G, zeros + (n + r) * G, a.sum.data() + (m + i) * G, G));
 }
 
 // MB activation rows from m against NB int8 weight rows from n
@@ -193,6 +210,15 @@ void check_x(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.size(1) % 32 == 0, op, ": the input width must be a multiple of 32, got ", x.size(1));
 }
 
+void check_scales(const at::Tensor& scales, const at::Tensor& zeros, int64_t N, int64_t G, const char* op) {
+  for (const at::Tensor* t : {&scales, &zeros})
+    TORCH_CHECK((t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16) &&
+                    t->scalar_type() == scales.scalar_type() && t->dim() == 2 && t->size(0) == N &&
+                    t->size(1) == G && t->is_contiguous(),
+                op, ": scales and zeros must be contiguous [", N, ", ", G,
+                "], both float32 or both bfloat16, got ", t->sizes(), " ", t->scalar_type());
+}
+
 // f(pointer to y's data) with y's dtype, float32 or bfloat16 (as x: checked)
 template <typename F>
 void in_dtype(at::Tensor& y, F&& f) {
@@ -209,26 +235,27 @@ const Acts& quantized(const at::Tensor& xc) {
                                         : quantize<at::BFloat16, PAIRS>(xc.data_ptr<at::BFloat16>(), M, K);
 }
 
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& mins) {
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scales, const at::Tensor& zeros) {
   check_x(x, "q4_linear_avx512");
   const int64_t M = x.size(0), K = x.size(1), G = K / 32;
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.dim() == 2 && qs.size(1) == K / 2 && qs.is_contiguous(),
               "q4_linear_avx512: qs must be contiguous uint8 [out, ", K / 2, "], got ", qs.sizes());
   const int64_t N = qs.size(0);
-  for (const at::Tensor* t : {&scales, &mins})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == N && t->size(1) == G &&
-                    t->is_contiguous(),
-                "q4_linear_avx512: scales and mins must be contiguous float32 [", N, ", ", G, "], got ", t->sizes());
+  check_scales(scales, zeros, N, G, "q4_linear_avx512");
   const at::Tensor xc = x.contiguous();
   const Acts& a = quantized<true>(xc);
   at::Tensor y = at::empty({M, N}, x.options());
   const uint8_t* qp = qs.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* mp = mins.data_ptr<float>();
   in_dtype(y, [&](auto* yp) {
-    over_rows(N, [&](auto nb, int64_t n) {
-      rows<nb.value>(M, [&](auto mb, int64_t m) { tile4<mb.value, nb.value>(qp, sp, mp, K, a, m, yp, N, n); });
-    });
+    auto run = [&](const auto* sp, const auto* zp) {
+      over_rows(N, [&](auto nb, int64_t n) {
+        rows<nb.value>(M, [&](auto mb, int64_t m) { tile4<mb.value, nb.value>(qp, sp, zp, K, a, m, yp, N, n); });
+      });
+    };
+    if (scales.scalar_type() == at::kFloat)
+      run(scales.data_ptr<float>(), zeros.data_ptr<float>());
+    else
+      run(scales.data_ptr<at::BFloat16>(), zeros.data_ptr<at::BFloat16>());
   });
   return y;
 }
@@ -263,7 +290,7 @@ at::Tensor i8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specdecode, m) {
-  m.def("q4_linear_avx512(Tensor x, Tensor qs, Tensor scales, Tensor mins) -> Tensor");
+  m.def("q4_linear_avx512(Tensor x, Tensor qs, Tensor scales, Tensor zeros) -> Tensor");
   m.def("i8_linear_avx512(Tensor x, Tensor w, Tensor scales) -> Tensor");
 }
 
