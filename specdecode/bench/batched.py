@@ -3,7 +3,9 @@ loop of ``concurrency`` requests in flight (a new one joins as one finishes), pe
 The same quantities ``bench --endpoint`` measures over HTTP (total and per-request tok/s, TTFT,
 TPOT), without the server: what batching itself gives, e.g. for ``data build``.
 
-``measure_batched(session, decoder, prompt_ids, max_new_tokens, concurrency, policy)`` -> a dict row.
+``measure_batched(session, decoder, prompt_ids, max_new_tokens, concurrency, policy)`` -> a dict row; its
+``outputs`` (every prompt's generated token ids) let a caller check that batching changed no token
+(``same_outputs``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     joined: dict[int, float] = {}
     first: dict[int, float] = {}
     ended: dict[int, float] = {}
-    tokens = [0] * len(prompt_ids)
+    outputs: list[list[int]] = [[] for _ in prompt_ids]
     profile = SpecProfile()
     steps = rows = spec_steps = 0
     queue = list(range(len(prompt_ids)))
@@ -54,12 +56,13 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
             i = cast(int, key)  # keys are prompt indices
             if chunk.token_ids and i not in first:
                 first[i] = now
-            tokens[i] += len(chunk.token_ids)
+            outputs[i].extend(chunk.token_ids)
         for done in report.finished:
             ended[cast(int, done.key)] = now
             if on_done:
                 on_done()
     wall = time.perf_counter() - t0
+    tokens = [len(out) for out in outputs]
     latency = [ended[i] - joined[i] for i in ended]
     ttft = [first[i] - joined[i] for i in ended]
     tpot = [(ended[i] - first[i]) / (tokens[i] - 1) for i in ended if tokens[i] > 1]
@@ -70,5 +73,12 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
         "ttft_ms_median": 1000 * statistics.median(ttft), "tpot_ms_median": 1000 * statistics.median(tpot),
         "batch_mean": rows / steps if steps else 0.0, "spec_step_share": spec_steps / steps if steps else 0.0,
         "accept_length": profile.accept_length if profile.cycles else None,
-        "policy_rates": engine.policy.to_dict(),
+        "policy_rates": engine.policy.to_dict(), "outputs": outputs,
     }
+
+
+def same_outputs(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> str:
+    """"k/n": prompts whose generated token ids are identical in two runs over the same prompts."""
+    if len(a) != len(b):
+        raise ValueError(f"runs over different prompt sets ({len(a)} and {len(b)} prompts) cannot be compared")
+    return f"{sum(list(x) == list(y) for x, y in zip(a, b, strict=True))}/{len(a)}"

@@ -148,7 +148,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
     from rich.progress import Progress
     from rich.table import Table
 
-    from specdecode.bench.batched import measure_batched
+    from specdecode.bench.batched import measure_batched, same_outputs
     from specdecode.bench.harness import run_fingerprint
     from specdecode.bench.store import ResultsStore, Run, new_run_id, now
     from specdecode.cli.common import runtime_config, save_and_report
@@ -187,6 +187,9 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
                     measure_batched(session, decoder, ids[:min(c, len(ids))], 16, c, policy)
                 rows.append(measure_batched(session, decoder, ids, args.max_new_tokens, c, policy,
                                             on_done=lambda: progress.advance(task)))
+    reference = rows[0]["outputs"]  # greedy: every policy and concurrency must give the first row's tokens
+    for row in rows:
+        row["same_output"] = same_outputs(reference, row.pop("outputs"))
     for row in rows:
         one = next((r for r in rows if r["policy"] == row["policy"] and r["concurrency"] == 1), None)
         row["total_vs_c1"] = row["output_tok_per_s"] / one["output_tok_per_s"] if one else None
@@ -195,15 +198,18 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
                         f"{args.max_new_tokens} new tokens, {session.dtype}, {session.threads} threads, "
                         f"{decoder.description}")
     for col in ("policy", "concurrency", "total tok/s", "x c1", "per-request tok/s", "TTFT ms", "TTFT x c1",
-                "TPOT ms", "batch", "spec steps", "accept len"):
+                "TPOT ms", "batch", "spec steps", "accept len", "same output"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
         table.add_row(r["policy"], str(r["concurrency"]), f"{r['output_tok_per_s']:.1f}",
                       _fmt_opt(r["total_vs_c1"], ".2f"), f"{r['request_tok_per_s_median']:.1f}",
                       f"{r['ttft_ms_median']:.0f}", _fmt_opt(r["ttft_vs_c1"], ".2f"), f"{r['tpot_ms_median']:.1f}",
                       f"{r['batch_mean']:.1f}", f"{100 * r['spec_step_share']:.0f}%",
-                      _fmt_opt(r["accept_length"], ".2f"))
+                      _fmt_opt(r["accept_length"], ".2f"), r["same_output"])
     _stdout_console().print(table)
+    console.print(f"same output: prompts whose greedy tokens equal the first row's ({rows[0]['policy']}, "
+                  f"concurrency {rows[0]['concurrency']}); in float32 every row must be n/n, in bfloat16 near-ties "
+                  "can flip (README: \"What lossless guarantees\")")
     fingerprint = run_fingerprint(session, [decoder.drafter_path] if decoder.drafter_path else [])
     save_and_report(Run(new_run_id(), "bench-batched", now(), fingerprint, rows, [],
                         {"max_new_tokens": args.max_new_tokens, "prompts": len(ids), "decoder": decoder.description}),

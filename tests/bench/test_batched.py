@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdecode.bench.batched import measure_batched
+from specdecode.bench.batched import measure_batched, same_outputs
 from specdecode.core.drafter import random_drafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
@@ -39,6 +39,16 @@ def test_batched_runs_count_every_token_and_batch_the_requests(session):
     assert many["spec_step_share"] == 1.0 and plain["spec_step_share"] == 0.0
     assert many["accept_length"] >= 1.0 and plain["accept_length"] is None
     assert many["ttft_ms_median"] > 0 and many["tpot_ms_median"] > 0
+    # float32: batching and the spec policy change no token (the check bench's "same output" column makes)
+    assert same_outputs(one["outputs"], many["outputs"]) == same_outputs(one["outputs"], plain["outputs"]) == "6/6"
+    assert [len(out) for out in one["outputs"]] == [12] * 6
+
+
+def test_same_outputs_counts_identical_prompts_and_refuses_other_prompt_sets():
+    assert same_outputs([[1, 2], [3]], [[1, 2], [4]]) == "1/2"
+    assert same_outputs([], []) == "0/0"
+    with pytest.raises(ValueError, match="different prompt sets"):
+        same_outputs([[1]], [[1], [2]])
 
 
 @pytest.mark.model
@@ -53,6 +63,8 @@ def test_bench_concurrency_cli_runs_in_process(tmp_path):
     rows = [(r["policy"], r["concurrency"]) for r in run["summary"]]
     assert rows == [("never", 1), ("never", 2), ("always", 1), ("always", 2)]
     assert all(r["completion_tokens"] == 8 for r in run["summary"])
+    assert run["summary"][0]["same_output"] == "2/2" and all("outputs" not in r for r in run["summary"])
+    assert "same output" in proc.stdout
 
 
 @pytest.mark.parametrize("flags, message", [
