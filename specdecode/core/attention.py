@@ -111,7 +111,7 @@ def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
     if mask is not None:
         mask = mask.reshape(-1, 1, 1, T, S).expand(-1, 1, g, T, S).reshape(-1, 1, g * T, S)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-    return out.view(B, H, T, D)
+    return out.reshape(B, H, T, D)  # CUDA's SDPA kernels may return another layout (a view fails there)
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -1,7 +1,9 @@
 """The one per-row mask builder (``core.attention.rows_mask``) against a mask written out by hand."""
 
 import torch
+import torch.nn.functional as F
 
+from specdecode.core import attention
 from specdecode.core.attention import rows_mask
 
 
@@ -33,3 +35,15 @@ def test_padding_past_the_span_is_dropped_and_an_empty_query_sees_key_zero():
     assert mask[0, 0].tolist() == [True] * 7
     assert mask[1, 0].tolist() == [True] + [False] * 6  # nothing to see: key 0, so the softmax is finite
     assert torch.equal(mask, by_hand(prefix, local, 7))
+
+
+def test_small_query_attention_takes_sdpa_output_in_any_layout(monkeypatch):
+    # CUDA's SDPA kernels return [B, H, T, D] strided as [B, T, H, D] (seen on an H200: .view failed there)
+    q, k, v = torch.randn(2, 6, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.rand(2, 1, 3, 5) > 0.3
+    mask[..., 0] = True
+    expected = attention.small_query_attention(q, k, v, mask)
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: sdpa(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2))
+    assert torch.equal(attention.small_query_attention(q, k, v, mask), expected)
