@@ -32,7 +32,7 @@ import types
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -119,11 +119,14 @@ class GraphKey:
 class GraphStore(Protocol):
     """Compiled graphs kept between processes (``runtime.compiling.PackageStore``): ``load`` gives
     the stored graph of ``module``'s weights for ``key`` or None; ``build`` compiles ``step`` (a
-    module calling ``module``'s step) on example ``args``, stores and returns it."""
+    module calling ``module``'s step) on example ``args``, stores and returns it; ``names`` lists the
+    graphs stored for ``module``'s weights."""
 
     def load(self, module: nn.Module, key: GraphKey) -> Callable[..., Any] | None: ...
 
     def build(self, module: nn.Module, key: GraphKey, step: nn.Module, args: tuple[Any, ...]) -> Callable[..., Any]: ...
+
+    def names(self, module: nn.Module) -> list[str]: ...
 
 
 class TargetStep(nn.Module):
@@ -356,6 +359,15 @@ def configure_inductor(device_type: str) -> None:
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
     _configured.add(device_type)
+
+
+def stored_only(steps: StepRunner | None) -> CompiledSteps | None:
+    """What a measurement of the run's own steps times without compiling anything now: ``steps``'
+    stored graphs (loaded, shared with ``steps``), the other buckets' padded steps eager; None (eager)
+    where ``steps`` keep no store (eager steps, or CUDA graphs captured in each process)."""
+    if not isinstance(steps, CompiledSteps) or not steps.compile or steps.store is None:
+        return None
+    return replace(steps, build=False)
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from specdecode.core.calibrate import measure_cycle_costs
-from specdecode.core.compiled import use_steps
+from specdecode.core.compiled import stored_only, use_steps
 from specdecode.core.costmodel import (
     AcceptanceTable,
     AdaptiveShape,
@@ -146,7 +146,17 @@ def costs_key(session: Session, drafter: torch.nn.Module, drafter_path: str) -> 
         "drafter_dtype": str(next(drafter.parameters()).dtype),
         "specdecode": __version__, "core_code": _code_digest(), "shapes": [str(s) for s in candidate_shapes()],
         "tensor_parallel": session.world_size,
+        "graphs": calibration_graphs(session, drafter),
     }
+
+
+def calibration_graphs(session: Session, drafter: torch.nn.Module) -> list[str] | None:
+    """The stored graphs a calibration times (``stored_only``): None when it runs eager. A graph
+    stored later (``specdecode compile``) changes the key, so the costs are measured again."""
+    steps = stored_only(session.loaded.model.steps)
+    if steps is None or steps.store is None:
+        return None
+    return steps.store.names(session.loaded.model) + steps.store.names(drafter)
 
 
 def costs_path(key: dict[str, object]) -> Path:
@@ -170,9 +180,13 @@ def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
     tok = session.loaded.tokenizer
     prompt = tok.encode_chat([{"role": "user", "content": CALIBRATION_PROMPT}])
     t0 = time.perf_counter()
-    # measured eager: compiled, each candidate's verify and draft sizes would compile their own graphs
-    # first (minutes each on a small CPU); eager costs rank the shapes, the compiled ones are lower
-    with use_steps((session.loaded.model, drafter), None):
+    # Measured with the steps the run decodes with, as far as they are stored: a stored graph runs
+    # compiled, every other bucket eager, as it would in the run (``stored_only``); nothing compiles
+    # now (each candidate's verify and draft sizes would first build their own graphs, minutes each on
+    # a small CPU). Eager costs alone chose wrong beside stored graphs: on the Zen4 EPYC (bf16 + q4,
+    # benchmarks/compiled_vs_llamacpp.sh) auto predicted 1.11x for 2/1/3 from eager costs and it ran
+    # at 0.87x the compiled plain decoding.
+    with use_steps((session.loaded.model, drafter), stored_only(session.loaded.model.steps)):
         costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)

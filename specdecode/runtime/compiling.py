@@ -220,8 +220,12 @@ class PackageStore:
 
     def count(self, module: nn.Module) -> int:
         """How many graphs of ``module``'s weights are stored."""
+        return len(self.names(module))
+
+    def names(self, module: nn.Module) -> list[str]:
+        """The graphs stored for ``module``'s weights, by file name, sorted."""
         where = self.root / self.identity(module)
-        return len(list(where.glob("*.pt2"))) if where.is_dir() else 0
+        return sorted(p.name for p in where.glob("*.pt2")) if where.is_dir() else []
 
     def load(self, module: nn.Module, key: GraphKey) -> Callable[..., Any] | None:
         path = self.path(module, key)

@@ -122,3 +122,51 @@ def test_the_choice_is_the_cost_models_best_and_follows_the_costs(setup):
     assert shallow.config.num_draft_tokens < deep.config.num_draft_tokens  # a dear verify verifies fewer nodes
     given = choose_spec(AutoSpec(num_draft_tokens=8), session, drafter, path)  # a node count no default shape has
     assert given.how == "auto" and given.config.num_draft_tokens == 8
+
+
+class StoredTargetGraphs:
+    """A graph store holding the tiny target's steps (run eager here, counted), never building one."""
+
+    def __init__(self, names):
+        self.stored, self.calls = names, 0
+
+    def names(self, module):
+        return list(self.stored) if isinstance(module, type(self.model)) else []
+
+    def load(self, module, key):
+        from specdecode.core.compiled import TargetStep
+
+        if not key.kind.startswith("target"):
+            return None  # the drafter's buckets: none stored, so they run eager
+        step = TargetStep(module, tuple(json.loads(key.kind[len("target"):])))
+
+        def graph(*args):
+            self.calls += 1
+            return step(*args)
+        return graph
+
+    def build(self, module, key, step, args):
+        raise AssertionError("a calibration must not compile graphs")
+
+
+def test_calibration_times_the_runs_stored_graphs_and_a_new_graph_measures_again(setup):
+    from specdecode.core.compiled import CompiledSteps
+    from specdecode.runtime.autospec import calibration_graphs, costs_key, costs_path
+
+    session, drafter, path = setup
+    eager_key = costs_key(session, drafter, path)
+    assert eager_key["graphs"] is None  # eager steps: the calibration runs eager
+    store = StoredTargetGraphs(["target-r1-t1-s256.pt2"])
+    store.model = session.loaded.model
+    session.loaded.model.steps = drafter.steps = CompiledSteps("cpu", store=store)  # builds in the run, not here
+    try:
+        assert calibration_graphs(session, drafter) == ["target-r1-t1-s256.pt2"]
+        choice = choose_spec(AutoSpec(), session, drafter, path)
+        assert choice.costs_source.startswith("measured") and store.calls > 0  # stored graphs were timed
+        assert session.loaded.model.steps.build  # the run's own steps still build
+        first = costs_path(costs_key(session, drafter, path))
+        assert first != costs_path(eager_key)
+        store.stored.append("target-r1-t4-s256.pt2")  # `specdecode compile` stored another graph
+        assert costs_path(costs_key(session, drafter, path)) != first
+    finally:
+        session.loaded.model.steps = drafter.steps = None
