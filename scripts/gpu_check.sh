@@ -9,8 +9,9 @@
 #             "same output" column compares every row with the first (GEMM kernels that change with the
 #             batch size may round differently even in fp32, so a rare near-tie can flip)
 #   graphs    fp32 greedy, CUDA graphs against eager: baseline eager / compiled, the EAGLE-3 tree compiled;
-#             Spec-Bench's short prompts (one bucket of attention span, so few graphs to capture)
-#   speed     bf16, the short prompts x 64 tokens: baseline and EAGLE-3 (generate's own shape), eager and
+#             Spec-Bench's first prompt of each category of at most 60 words (every request fits one
+#             256-slot cache, so few graphs to capture)
+#   speed     bf16, those prompts x 64 tokens: baseline and EAGLE-3 (generate's own shape), eager and
 #             compiled, interleaved
 #   batched-compiled  as batched in bf16, compiled (the most graphs: one per row bucket)
 # STAGES picks some (default: all, in that order); STAGE_SECONDS caps each (default 300). The whole set
@@ -32,23 +33,11 @@ fi
 SD=("$PY" -m specdecode)
 R=${RESULTS:-benchmarks/results/gpu}
 SPEC=${SPEC:-../shared/data/spec_bench_questions.jsonl}
-SHORT=${SHORT:-$R/short-prompts.jsonl}
 STAGES=${STAGES:-equality batched graphs speed batched-compiled}
 LIMIT=${STAGE_SECONDS:-300}
 TOKENS=${TOKENS:-64}
-mkdir -p "$R" "$(dirname "$SHORT")"
+mkdir -p "$R"
 [ -f "$SPEC" ] || { echo "gpu_check.sh: no Spec-Bench questions at $SPEC; set SPEC=path/to/spec_bench_questions.jsonl" >&2; exit 2; }
-# the first prompt of each category under 80 words: with 64 new tokens every request fits 256 cache slots
-"$PY" - "$SPEC" "$SHORT" <<'EOF'
-import json, sys
-seen, out = set(), []
-for line in open(sys.argv[1]):
-    q = json.loads(line)
-    if q["category"] not in seen and sum(len(t.split()) for t in q["turns"]) < 80:
-        seen.add(q["category"])
-        out.append(line)
-open(sys.argv[2], "w").writelines(out)
-EOF
 COMMON=(--device "$DEVICE" --warmup 1 --no-store ${MODEL:+--model "$MODEL"} ${DRAFTER:+--drafter "$DRAFTER"})
 TREE="eagle3:steps=3,topk=2,draft_tokens=6"
 failed=()
@@ -66,10 +55,12 @@ stage equality "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native 
     --max-new-tokens "$TOKENS" --compile off --out "$R/equality.json" --methods "baseline,$TREE"
 stage batched "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native --prompts "$SPEC" --per-category 1 \
     --max-new-tokens "$TOKENS" --compile off --concurrency 1,4,16 --spec-policy always,never --out "$R/batched.json"
-stage graphs "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native --prompts "$SHORT" \
+stage graphs "${SD[@]}" bench "${COMMON[@]}" --dtype float32 --weights native --prompts "$SPEC" --per-category 1 \
+    --max-prompt-words 60 \
     --max-new-tokens "$TOKENS" --compile off --out "$R/graphs.json" \
     --methods "baseline:compile=off,baseline:compile=on,$TREE,compile=on"
-stage speed "${SD[@]}" bench "${COMMON[@]}" --dtype bfloat16 --weights native --prompts "$SHORT" \
+stage speed "${SD[@]}" bench "${COMMON[@]}" --dtype bfloat16 --weights native --prompts "$SPEC" --per-category 1 \
+    --max-prompt-words 60 \
     --max-new-tokens "$TOKENS" --compile off --out "$R/speed.json" \
     --methods "baseline:compile=off,baseline:compile=on,eagle3:compile=off,eagle3:compile=on"
 stage batched-compiled "${SD[@]}" bench "${COMMON[@]}" --dtype bfloat16 --weights native --prompts "$SPEC" \

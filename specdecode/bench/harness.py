@@ -37,6 +37,7 @@ class MeasureConfig:
     prompts: str | None = None  # Spec-Bench jsonl or {"prompt": ...} jsonl; None: the built-in set
     num_prompts: int | None = None  # only the first N prompts
     per_category: int | None = None  # the first N prompts of each category
+    max_prompt_words: int | None = None  # only prompts of at most N words (before the two above)
     max_new_tokens: int = 128
     runs: int = 1  # passes over the prompt set
     warmup: int = 1  # untimed runs per method before measuring
@@ -44,7 +45,7 @@ class MeasureConfig:
     launch_profile: str | None = None  # the launch profile applied (recorded in the fingerprint)
 
     def load_prompts(self) -> list[Prompt]:
-        return load_prompts(self.prompts, self.num_prompts, self.per_category)
+        return load_prompts(self.prompts, self.num_prompts, self.per_category, self.max_prompt_words)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
     p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
+    p.add_argument("--max-prompt-words", type=int, default=None, metavar="N",
+                   help="use only prompts of at most N words (applied first), e.g. to keep every request "
+                        "inside one compiled cache size")
     p.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens)
     p.add_argument("--warmup", type=int, default=_D.warmup, help="untimed runs per method before measuring")
     p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")
@@ -65,8 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(prompts=args.prompts, num_prompts=args.num_prompts, per_category=args.per_category,
-                       max_new_tokens=args.max_new_tokens, runs=args.runs, warmup=args.warmup, drafter=args.drafter,
-                       launch_profile=args.launch_profile, methods=args.methods, op_profile=args.op_profile)
+                       max_prompt_words=args.max_prompt_words, max_new_tokens=args.max_new_tokens, runs=args.runs,
+                       warmup=args.warmup, drafter=args.drafter, launch_profile=args.launch_profile,
+                       methods=args.methods, op_profile=args.op_profile)
 
 
 def _stdout_console() -> Any:

@@ -58,12 +58,27 @@ def builtin_prompts() -> list[Prompt]:
     return [Prompt(f"builtin-{i}", cat, user(text)) for i, (cat, text) in enumerate(BUILTIN)]
 
 
+def prompt_words(prompt: Prompt) -> int:
+    """Whitespace-separated words in the prompt's messages (or text)."""
+    parts = [str(m.get("content") or "") for m in prompt.messages] if prompt.messages else [prompt.text or ""]
+    return sum(len(part.split()) for part in parts)
+
+
 def load_prompts(path: str | Path | None, limit: int | None = None,
-                 per_category: int | None = None) -> list[Prompt]:
+                 per_category: int | None = None, max_words: int | None = None) -> list[Prompt]:
     """The prompts of a file (any format above); None gives the built-in set.
-    ``per_category`` keeps the first N of each category (a balanced sample), ``limit``
-    the first N overall."""
+    ``max_words`` first drops prompts of more words (``prompt_words``: a bound known before any
+    tokenizer, e.g. to keep every request inside one compiled cache size); ``per_category`` keeps
+    the first N of each category (a balanced sample), ``limit`` the first N overall."""
     prompts = read_prompts(path) if path is not None else builtin_prompts()
+    if max_words is not None:
+        if max_words < 1:
+            raise ValueError(f"a prompt word limit must be >= 1; got {max_words}")
+        kept_short = [p for p in prompts if prompt_words(p) <= max_words]
+        if not kept_short:
+            raise ValueError(f"no prompt of {path or 'the built-in set'} has at most {max_words} words; "
+                             "raise the limit")
+        prompts = kept_short
     if per_category:
         seen: dict[str, int] = {}
         kept = []

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specdecode.io.prompts import read_prompts
+from specdecode.io.prompts import load_prompts, prompt_words, read_prompts
 
 
 def test_specforge_and_sharegpt_conversations_give_their_first_user_turn(tmp_path):
@@ -33,3 +33,19 @@ def test_a_bad_conversation_names_the_line_and_the_fault(tmp_path, conversation,
     f.write_text(json.dumps({"conversations": conversation}) + "\n")
     with pytest.raises(ValueError, match=f"p.jsonl:1: .*{words}"):
         read_prompts(f)
+
+
+def test_a_word_limit_applies_before_the_per_category_pick(tmp_path):
+    rows = [{"turns": ["one two three four five"], "category": "a"}, {"turns": ["short one"], "category": "a"},
+            {"turns": ["a b c d e f"], "category": "b"}, {"turns": ["tiny"], "category": "b"}]
+    path = tmp_path / "spec.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept = load_prompts(path, per_category=1, max_words=2)
+    assert [p.messages[0]["content"] for p in kept] == ["short one", "tiny"]
+    assert [prompt_words(p) for p in load_prompts(path)] == [5, 2, 6, 1]
+    with pytest.raises(ValueError, match="must be >= 1"):
+        load_prompts(path, max_words=0)
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "three words here"}) + "\n")
+    with pytest.raises(ValueError, match="has at most 2 words; raise the limit"):
+        load_prompts(long, max_words=2)
