@@ -39,7 +39,8 @@ from specdecode.runtime.session import Session
 METHODS = (
     ("baseline[:compile=on|off]", "our plain decoding (the usual reference)"),
     ("eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,compile=on|off]",
-     "our EAGLE-3; no parameters: the shape generate decodes with"),
+     "our EAGLE-3; no parameters: the shape --spec-config auto chooses for this run's steps (generate's, on the "
+     "same steps)"),
     ("hf", "transformers' generate on the same weights"),
     ("llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF"),
     ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH]",

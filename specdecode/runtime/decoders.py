@@ -13,7 +13,7 @@ from specdecode.core.drafter import Eagle3Drafter, random_drafter
 from specdecode.core.engine import TokenDecoder, baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import Convention, load_drafter
-from specdecode.io.paths import default_drafter_path
+from specdecode.io.paths import shipped_drafter_for
 from specdecode.runtime.autospec import SpecChoice, choose_spec
 from specdecode.runtime.kernels import install_kernels
 from specdecode.runtime.session import Session
@@ -59,7 +59,7 @@ def resolve_drafter_path(spec: DecoderSpec, session: Session) -> str | None:
         return None
     if spec.drafter:
         return spec.drafter
-    shipped = default_drafter_path() if session.config.is_default_model else None
+    shipped = shipped_drafter_for(session.config.model)
     return str(shipped) if shipped else None
 
 

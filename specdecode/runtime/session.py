@@ -15,6 +15,7 @@ import torch
 from specdecode.core.compiled import CompiledSteps, GraphKey
 from specdecode.core.kernels import KernelPlan
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
+from specdecode.io.paths import is_default_model
 from specdecode.runtime.autoformat import AUTO, resolve_format
 from specdecode.runtime.compiling import graph_store, install_compiled, resolve_compile, stored_steps
 from specdecode.runtime.device import configure_threads, resolve_device
@@ -46,7 +47,7 @@ class RuntimeConfig:
 
     @property
     def is_default_model(self) -> bool:
-        return self.model is None
+        return is_default_model(self.model)
 
 
 @dataclass

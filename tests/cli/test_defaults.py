@@ -59,10 +59,13 @@ def test_zero_is_refused_not_replaced_by_the_default(flag, capsys):
 @pytest.mark.model
 def test_generate_and_bench_measure_the_same_choice(tmp_path):
     """End to end with the shipped drafter: generate and bench's `eagle3` decode with the same
-    automatically chosen shape (the costs measured once, then read from the cache)."""
+    automatically chosen shape, given the same (eager) steps (the costs measured once, then read from
+    the cache)."""
     if default_drafter_path() is None:
         pytest.skip("no shipped drafter in this checkout")
-    gen = json.loads(run_specdecode("generate", "Hi", "--json", "--max-new-tokens", "4").stdout)
+    # eager, as bench's default: auto calibrates the steps a run decodes with, and generate would take the
+    # graphs `specdecode compile` stored on this machine (bench stays eager unless told)
+    gen = json.loads(run_specdecode("generate", "Hi", "--json", "--max-new-tokens", "4", "--compile", "off").stdout)
     assert (gen["dtype"], gen["weights"]) == ("bfloat16", "q4") or "no bf16" in gen["format_reason"]
     choice = gen["spec_choice"]
     assert choice["how"] == "auto" and choice["costs"].split()[0] in ("measured", "cached")

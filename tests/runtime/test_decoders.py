@@ -11,7 +11,9 @@ from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from specdecode.io import paths
 from specdecode.io.checkpoints import save_drafter
+from specdecode.io.errors import ModelLoadError
 from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import default_drafter_path
 from specdecode.io.tokenizer import Tokenizer
@@ -65,9 +67,28 @@ def test_default_spec_is_the_shipped_drafter_for_the_default_model_only():
     assert not decoder.is_speculative and decoder.drafter_path is None and decoder.config is None
 
 
+def test_the_default_gguf_under_another_path_still_gets_the_shipped_drafter(tmp_path):
+    # a file of another content is not the default model, whatever its name
+    impostor = tmp_path / paths.DEFAULT_GGUF_NAME
+    impostor.write_bytes(b"GGUF" + bytes(64))
+    assert not paths.is_default_model(impostor) and paths.shipped_drafter_for(impostor) is None
+    assert not paths.is_default_model(tmp_path / "missing.gguf") and paths.is_default_model(None)
+    try:
+        real = paths.default_model_path()
+    except ModelLoadError:
+        pytest.skip("the default model package is not installed")
+    # the pinned fingerprint is the packaged file's: a copy elsewhere (here a link) is the default model
+    assert paths.file_fingerprint(real) == paths.DEFAULT_GGUF_FINGERPRINT
+    copy = tmp_path / "target.gguf"
+    copy.symlink_to(real)
+    assert paths.is_default_model(copy)
+    assert resolve_drafter_path(DecoderSpec(), session(str(copy))) == (
+        str(default_drafter_path()) if default_drafter_path() else None)
+
+
 def test_default_spec_builds_eagle3_with_the_shipped_drafter(monkeypatch, saved_drafter, count_loads):
     """With the default model, DecoderSpec() loads whatever default_drafter_path() names."""
-    monkeypatch.setattr(decoders, "default_drafter_path", lambda: Path(saved_drafter))
+    monkeypatch.setattr(paths, "SHIPPED_DRAFTER", Path(saved_drafter))
     decoder = build_decoder(DecoderSpec(), session(None))
     assert decoder.is_speculative and decoder.drafter_path == saved_drafter
     assert count_loads == [saved_drafter]
