@@ -11,6 +11,7 @@
 # Servers (SERVERS, in this order in odd rounds): llama-server (its prompt cache on, its default), serve-eager
 # (--compile off), serve-compiled (stored graphs; the prefix cache on, the default) and serve-compiled-noprefix
 # (--prefix-cache-tokens 0: what the prefix cache is worth, the c=4 round repeating the prompts c=1 sent).
+# Without a serve-compiled server in SERVERS nothing is compiled (e.g. SERVERS="llama-server serve-eager").
 # Needs llama-server (SPECDECODE_LLAMA_SERVER=PATH, the [llamacpp] extra, or $PATH; without it that row is left
 # out). Nothing else may run meanwhile (the build alone takes most of an hour on 2 cores). A step whose result
 # exists is skipped: delete it (or the directory) to measure again.
@@ -24,7 +25,8 @@ ROUNDS=${ROUNDS:-2}
 BATCH=(--threads 2 --max-running-requests "$SLOTS" --context-length 1024)
 mkdir -p "$R/runs"
 quiet() { grep -v -E "Warning|warn_once|warnings.warn" || true; }
-if [ ! -s "$R/compile.txt" ]; then
+read -r -a ORDER <<< "${SERVERS:-llama-server serve-eager serve-compiled serve-compiled-noprefix}"
+if [[ " ${ORDER[*]} " == *" serve-compiled"* ]] && [ ! -s "$R/compile.txt" ]; then  # graphs only where served
     { time $SD compile --serve "${BATCH[@]}" --max-len 1024 ; } 2>&1 | quiet | tee "$R/compile.tmp"
     mv "$R/compile.tmp" "$R/compile.txt"
 fi
@@ -48,7 +50,6 @@ start() {  # NAME LOG: start the server NAME in the background, its pid in $pid
     esac
     pid=$!
 }
-read -r -a ORDER <<< "${SERVERS:-llama-server serve-eager serve-compiled serve-compiled-noprefix}"
 for round in $(seq 1 "$ROUNDS"); do
     names=("${ORDER[@]}")
     if [ $((round % 2)) = 0 ]; then names=(); for ((i = ${#ORDER[@]} - 1; i >= 0; i--)); do names+=("${ORDER[i]}"); done; fi
