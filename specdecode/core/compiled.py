@@ -14,7 +14,8 @@ Measured on a 2-core Xeon (bf16 activations, the GGUF's 4-bit weights, SmolLM2-1
 of context): a decode step 15.4 ms compiled against 28.1 ms eager, verify of 5 tokens 33.1 against
 49.9 ms; plain inductor was slower than eager in an earlier measurement (issue 22), and so was a
 cache stored as views of one tensor (28 ms: inductor copied it every step). On CUDA the graphs are CUDA graphs
-(``mode="reduce-overhead"``).
+(``mode="reduce-overhead"``), the cache tensors marked static so the steps' in-place writes may be
+captured (``mark_static``; not yet run on a GPU with the mark).
 
 A graph compiles on its first call (``on_compile`` reports it): about 70-110 s cold here per
 graph, 17-25 s when inductor's on-disk cache (``$SPECDECODE_CACHE/inductor``) has it. With a
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
+import torch._dynamo
 from torch import Tensor, nn
 
 from specdecode.core.engine import check_context
@@ -231,16 +233,29 @@ class CompiledSteps:
                 fn = self.graphs[key] = self.store.build(owner, key, make(), args)
             else:  # torch.compile: compiled by the first call
                 fn = self._compile(make(), key)
-            out = fn(*args)
+            out = self._call(fn, args, view)
             seconds = time.perf_counter() - t0
             self.compiled.append((key, seconds))
             if self.on_compile is not None:
                 self.on_compile(key, seconds)
         else:
-            out = fn(*args)
+            out = self._call(fn, args, view)
         if (Bp, Tp) == (B, T):
             return out
         return tuple(x[at:at + B, :T] if isinstance(x, Tensor) else [t[at:at + B, :T] for t in x] for x in out)
+
+    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...], view: KVCache) -> Any:
+        """One step. Under CUDA graphs (``torch.compile`` on CUDA) the cache tensors the step writes in
+        place get static addresses (``mark_static_address``): otherwise inductor skips CUDA graphs for
+        the whole step ("skipping cudagraphs due to mutated inputs", every graph of the first H200
+        run: ``benchmarks/results/gpu/second-run-h200``). A replay reuses its output buffers, so the
+        outputs are copied out before anything else runs."""
+        if self.device_type != "cuda" or not self.compile or self.store is not None:
+            return fn(*args)
+        mark_static(view)
+        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
+        out = fn(*args)
+        return tuple(x.clone() if isinstance(x, Tensor) else [t.clone() for t in x] for x in out)
 
     def _compile(self, module: nn.Module, key: GraphKey) -> Callable[..., Any]:
         configure_inductor(self.device_type)
@@ -307,6 +322,14 @@ class CompiledSteps:
                 hidden = torch.zeros(B, t, w, dtype=model.dtype, device=model.device)
                 tokens, positions, slots, mask = _dummy_inputs(B, t, min(span, dcache.max_len), model.device)
                 self.draft(drafter, tokens, hidden, positions, slots, mask, dcache)
+
+
+def mark_static(cache: KVCache) -> None:
+    """The cache's tensors keep their addresses from call to call (a pool's rows are views of tensors
+    allocated once): CUDA graphs may then write them in place. A view made later carries no mark of
+    its own, so this runs before every compiled call; it only sets an attribute."""
+    for t in (*cache.k, *cache.v):
+        torch._dynamo.mark_static_address(t)
 
 
 def _dummy_inputs(B: int, T: int, S: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:

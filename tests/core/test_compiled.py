@@ -209,3 +209,28 @@ def test_a_drafter_whose_layers_inductor_cannot_pack_drafts_eager(model, drafter
         single = Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(prompts[0], options).token_ids
     assert [got[i] for i in range(2)] == alone and single == alone[0]
     assert store.built and all(k.kind.startswith("target") for k in steps.graphs)
+
+
+def test_cuda_graph_calls_mark_the_cache_static_and_copy_outputs():
+    """Under CUDA graphs a step's cache tensors must have static addresses (else inductor skips CUDA
+    graphs: "mutated inputs", seen on an H200) and a replay's outputs are its own buffers, reused by
+    the next replay: the caller gets copies. Elsewhere (CPU, stored graphs) the call is untouched."""
+    from specdecode.core.kvcache import KVCache
+
+    pool = KVCache.allocate(2, 4, 1, 8, 2, dtype=torch.float32, device="cpu")
+    view = pool.rows(1, 3)
+    logits, hidden = torch.randn(2, 1, 5), torch.randn(2, 1, 3)
+
+    def fn(*args):
+        return logits, [hidden]
+
+    out = CompiledSteps(device_type="cuda")._call(fn, (), view)
+    assert torch.equal(out[0], logits) and torch.equal(out[1][0], hidden)
+    assert out[0].data_ptr() != logits.data_ptr() and out[1][0].data_ptr() != hidden.data_ptr()
+    assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded" for t in (*view.k, *view.v))
+
+    other = pool.rows(0, 2)
+    for steps in (CompiledSteps(), CompiledSteps(device_type="cuda", compile=False)):
+        out = steps._call(fn, (), other)
+        assert out[0] is logits and out[1][0] is hidden
+    assert not any(hasattr(t, "_dynamo_static_input_type") for t in (*other.k, *other.v))
