@@ -31,6 +31,9 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     engine = BatchEngine(loaded.model, loaded.tokenizer, drafter, decoder.config,
                          BatchConfig(slots=concurrency, spec_policy=policy, prefix_cache=0))  # steps, not reuse
     engine.allocate()
+    # compiled steps: every graph these requests can meet, built or loaded now (else the first run at a
+    # new span timed the compiler: 45 ms a "step" where the step takes 7); eager steps: nothing
+    engine.warm(max(len(p) for p in prompt_ids) + max_new_tokens)
     engine.calibrate(prompt_ids[0])  # 'auto' fixes its choice per batch size first (untimed), as serve does
     options = GenerateOptions(max_new_tokens)
     joined: dict[int, float] = {}
@@ -39,6 +42,7 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     outputs: list[list[int]] = [[] for _ in prompt_ids]
     profile = SpecProfile()
     steps = rows = spec_steps = 0
+    decode_s = prefill_s = 0.0  # inside engine.step(): the decode steps, and the rest (prefill chunks, release)
     queue = list(range(len(prompt_ids)))
     t0 = time.perf_counter()
     while queue or engine.active:
@@ -46,8 +50,11 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
             i = queue.pop(0)
             joined[i] = time.perf_counter()
             engine.add(i, prompt_ids[i], options)
+        before = time.perf_counter()
         report = engine.step()
         now = time.perf_counter()
+        decode_s += report.seconds
+        prefill_s += now - before - report.seconds
         if report.batch:
             steps, rows, spec_steps = steps + 1, rows + report.batch, spec_steps + report.speculative
         for record in report.cycles:
@@ -72,6 +79,10 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
         "request_tok_per_s_median": statistics.median(t / lat for t, lat in zip(tokens, latency, strict=True)),
         "ttft_ms_median": 1000 * statistics.median(ttft), "tpot_ms_median": 1000 * statistics.median(tpot),
         "batch_mean": rows / steps if steps else 0.0, "spec_step_share": spec_steps / steps if steps else 0.0,
+        # where the wall time went: decode steps (ms each, at the mean batch), prefill chunks (with the
+        # step's bookkeeping), and the loop outside engine.step() (admitting requests, reading events)
+        "step_ms_mean": 1000 * decode_s / steps if steps else 0.0,
+        "decode_share": decode_s / wall, "prefill_share": prefill_s / wall,
         "accept_length": profile.accept_length if profile.cycles else None,
         "policy_rates": engine.policy.to_dict(), "outputs": outputs,
     }

@@ -202,18 +202,20 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
                         f"{args.max_new_tokens} new tokens, {session.dtype}, {session.threads} threads, "
                         f"{decoder.description}")
     for col in ("policy", "concurrency", "total tok/s", "x c1", "per-request tok/s", "TTFT ms", "TTFT x c1",
-                "TPOT ms", "batch", "spec steps", "accept len", "same output"):
+                "TPOT ms", "batch", "step ms", "prefill %", "spec steps", "accept len", "same output"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
         table.add_row(r["policy"], str(r["concurrency"]), f"{r['output_tok_per_s']:.1f}",
                       _fmt_opt(r["total_vs_c1"], ".2f"), f"{r['request_tok_per_s_median']:.1f}",
                       f"{r['ttft_ms_median']:.0f}", _fmt_opt(r["ttft_vs_c1"], ".2f"), f"{r['tpot_ms_median']:.1f}",
-                      f"{r['batch_mean']:.1f}", f"{100 * r['spec_step_share']:.0f}%",
+                      f"{r['batch_mean']:.1f}", f"{r['step_ms_mean']:.1f}", f"{100 * r['prefill_share']:.0f}%",
+                      f"{100 * r['spec_step_share']:.0f}%",
                       _fmt_opt(r["accept_length"], ".2f"), r["same_output"])
     _stdout_console().print(table)
     console.print(f"same output: prompts whose greedy tokens equal the first row's ({rows[0]['policy']}, "
                   f"concurrency {rows[0]['concurrency']}); in float32 every row must be n/n, in bfloat16 near-ties "
-                  "can flip (README: \"What lossless guarantees\")")
+                  "can flip (README: \"What lossless guarantees\"); step ms: a decode step (every row of the batch), "
+                  "prefill %: the share of the run spent on prompt chunks between steps")
     fingerprint = run_fingerprint(session, [decoder.drafter_path] if decoder.drafter_path else [])
     save_and_report(Run(new_run_id(), "bench-batched", now(), fingerprint, rows, [],
                         {"max_new_tokens": args.max_new_tokens, "prompts": len(ids), "decoder": decoder.description}),

@@ -39,6 +39,10 @@ def test_batched_runs_count_every_token_and_batch_the_requests(session):
     assert many["spec_step_share"] == 1.0 and plain["spec_step_share"] == 0.0
     assert many["accept_length"] >= 1.0 and plain["accept_length"] is None
     assert many["ttft_ms_median"] > 0 and many["tpot_ms_median"] > 0
+    # the time split: decode steps and prefill chunks are parts of the run, together at most all of it
+    for run in (one, many, plain):
+        assert run["step_ms_mean"] > 0 and 0 < run["decode_share"] < 1 and 0 < run["prefill_share"] < 1
+        assert run["decode_share"] + run["prefill_share"] <= 1
     # float32: batching and the spec policy change no token (the check bench's "same output" column makes)
     assert same_outputs(one["outputs"], many["outputs"]) == same_outputs(one["outputs"], plain["outputs"]) == "6/6"
     assert [len(out) for out in one["outputs"]] == [12] * 6
