@@ -64,16 +64,25 @@ NATIVE_Q4_KERNELS = {NATIVE_Q4: "q4_linear", "q4_avx512": "q4_linear_avx512"}
 NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
 
 
+# From this many rows a compiled graph takes the plan's packed choice as it is (the dequantized weight folded
+# in and packed by inductor); below, the nearest smaller unpacked choice (QuantizedDispatch)
+GRAPH_FOLD_MIN_ROWS = 32
+
+
 class QuantizedDispatch(KernelDispatch):
     """Kernel dispatch of a layer with quantized weights: in a compiled graph a packed choice would fold the
-    dequantized weight in (``aten``: bf16, 2-4x the bytes), so the graph runs the plan's choice at the
-    largest smaller row bucket that is not packed (the layer's own rule if none). Measured on the Zen4 EPYC
-    (2 threads, SmolLM2-135M at q4, a stored graph of 8 tokens over 256 slots, one process, 5 rounds
-    alternated): 18.2 ms with the 4-row choices (int4pack, i8_avx512) against 40.6 with the plan's onednn,
-    whose eager forward measured as fast; a decode step took 6.6. Larger buckets follow the same rule
-    unmeasured."""
+    dequantized weight in (``aten``: bf16, 2-4x the bytes), so below ``GRAPH_FOLD_MIN_ROWS`` rows the graph
+    runs the plan's choice at the largest smaller row bucket that is not packed (the layer's own rule if
+    none). Measured on the Zen4 EPYC (2 threads, SmolLM2-135M at q4, stored graphs over 256 slots, one
+    process, rounds alternated): 8 tokens 18.2 ms with the 4-row choices (int4pack, i8_avx512) against 40.6
+    folded; 16 rows 37.8 against 44.8 folded (eager 39-41). From 32 rows folding wins: 32 rows 80.5 ms
+    folded against 1.18x eager's time unfolded (eager 64-76 ms, the machine drifting), 128 rows 180 folded
+    against 284 unfolded (eager 186-190): data build's 128-row steps had run 1.5x slower compiled than
+    eager (ad hoc, session 17; README "Compiled steps")."""
 
     def graph_kernel(self, rows: int, x: Tensor, kernel: str) -> str:
+        if rows >= GRAPH_FOLD_MIN_ROWS:  # many rows: the folded, packed weight pays for its bytes
+            return super().graph_kernel(rows, x, kernel)
         if self.kernels is not None:
             for smaller in reversed(self.kernels[:bucket_of(rows)]):
                 if smaller not in PACKED_KERNELS:

@@ -14,7 +14,13 @@ from specdecode.core.kernels import (
     onednn_usable,
     pack,
 )
-from specdecode.core.quant import NATIVE_I8_KERNELS, NATIVE_Q4_KERNELS, Int8Linear, quantize_weights
+from specdecode.core.quant import (
+    GRAPH_FOLD_MIN_ROWS,
+    NATIVE_I8_KERNELS,
+    NATIVE_Q4_KERNELS,
+    Int8Linear,
+    quantize_weights,
+)
 from tests.helpers import tiny_model
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -215,9 +221,10 @@ def test_plan_timing_alternates_kernels_so_a_burst_of_load_picks_no_loser(monkey
 
 
 def test_a_quantized_layer_in_a_graph_runs_the_nearest_smaller_unpacked_choice(monkeypatch):
-    """Where the plan packs (onednn) a compiled graph would fold the dequantized weight in; a quantized
-    layer runs the plan's choice at the largest smaller row bucket that is not packed, its own rule if
-    there is none; a float layer keeps ``aten`` (inductor packs its constant weight)."""
+    """Where the plan packs (onednn) a compiled graph would fold the dequantized weight in; below
+    GRAPH_FOLD_MIN_ROWS rows a quantized layer runs the plan's choice at the largest smaller row bucket
+    that is not packed, its own rule if there is none; from there on it folds (as a float layer always
+    does: ``aten``, inductor packs its constant weight)."""
     model = tiny_model(dtype=torch.bfloat16)
     quantize_weights(model, "int8")
     layer = next(layer for g in kernel_layers(model).values() for layer in g if isinstance(layer, Int8Linear))
@@ -227,7 +234,9 @@ def test_a_quantized_layer_in_a_graph_runs_the_nearest_smaller_unpacked_choice(m
     layer.kernels = tuple(plan)
     assert layer.graph_kernel(8, x, "onednn") == "int8pack"  # bucket of 8 rows: onednn; 4 rows: int8pack
     assert layer.graph_kernel(16, x, "onednn") == "int8pack"  # 16: onednn, 8: onednn, 4: int8pack
-    assert layer.graph_kernel(256, x, "onednn") == "aten"  # 64 rows: aten
+    assert layer.graph_kernel(256, x, "onednn") == "aten"  # many rows: the folded weight, packed by inductor
+    assert layer.graph_kernel(GRAPH_FOLD_MIN_ROWS, x, "onednn") == "aten"  # though 4 rows chose an unpacked kernel
+    assert layer.graph_kernel(GRAPH_FOLD_MIN_ROWS - 1, x, "onednn") == "int8pack"
     layer.kernels = ("onednn",) * len(ROW_BUCKETS)
     assert layer.graph_kernel(8, x, "onednn") == layer.static_kernel(8, x)
     layer.kernels = None
