@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from specdecode.training.features import FeatureProgress
 from specdecode.training.trainer import SELECT_MODES, EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
 
+LOG_EVERY = 50  # steps per progress line where stderr is not a terminal
+
 INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
-              "eval_every", "save_every", "eval_samples", "patience")
+              "eval_every", "save_every", "eval_samples", "patience", "align_topk")
 FLOAT_FIELDS = ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
                 "fc_lr_scale", "feature_noise", "min_delta")
 
@@ -19,6 +22,9 @@ FIELD_HELP = {
     "patience": "stop once this many held-out evaluations in a row have not raised the best accept length by "
                 "--min-delta (0, the default: run every epoch; --epochs is then the most the schedule allows)",
     "min_delta": "the gain in held-out accept length that counts for --patience (default: 0.01)",
+    "align_topk": "GRIFFIN's token-alignable loss: a draft step after the first trains only where every earlier "
+                  "step had the target's token in its top ALIGN_TOPK (2: the default tree's width; 0, the "
+                  "default: every position, as EAGLE-3)",
     "epochs": "passes over the training samples; the learning-rate schedule spans them",
 }
 
@@ -74,6 +80,12 @@ class TrainDisplay:
         self.console = Console(stderr=True)
         self.progress: Any = None
         self.task: Any = None
+        # Where stderr is a file (a long run in the background), a line every LOG_EVERY steps instead
+        # of a bar that only draws on a terminal
+        self.lines = not self.console.is_terminal
+        self.window: list[dict[str, Any]] = []
+        self.seconds = 0.0  # training time of the window's steps (evaluations left out)
+        self.t_last = time.perf_counter()
 
     def __call__(self, ev: TrainEvent) -> None:
         if isinstance(ev, TrainStarted):
@@ -88,20 +100,38 @@ class TrainDisplay:
                 self.console.print(f"{ev.skipped} training samples skipped: no answer token inside --max-len "
                                    "(raise it to train on them)")
             self._start_bar(ev.total_steps, ev.step)
+            self.t_last = time.perf_counter()
         elif isinstance(ev, StepDone):
             r = ev.record
             self.progress.update(self.task, advance=1,
                                  info=f"loss {r['loss']:.3f} acc " + " ".join(f"{a:.2f}" for a in r["acc"]))
+            if self.lines:
+                self._log_line(ev)
         elif isinstance(ev, FeatureProgress):
             if ev.done == 1 or ev.done == ev.total or ev.done % 50 == 0:
                 self.console.print(f"target features: {ev.done}/{ev.total} batches cached")
         elif isinstance(ev, EvalDone):
+            self.t_last = time.perf_counter()  # the evaluation's time is not a step's
             self.progress.console.print(f"step {ev.step}: held-out accept length (chain of {self.cfg.ttt_steps}) "
                                         f"{ev.result.accept_length:.2f}; step acc "
                                         + " ".join(f"{a:.2f}" for a in ev.result.step_acc)
                                         + (f"; best {ev.best_accept_length:.2f} at step {ev.best_step}"
                                            if ev.best_step is not None else "")
                                         + ("; stopping: the held-out curve is flat" if ev.stopping else ""))
+
+    def _log_line(self, ev: StepDone) -> None:
+        now = time.perf_counter()
+        self.window.append(ev.record)
+        self.seconds += now - self.t_last
+        self.t_last = now
+        if ev.step % LOG_EVERY and ev.step != ev.total_steps:
+            return
+        w = self.window
+        acc = " ".join(f"{sum(r['acc'][j] for r in w) / len(w):.3f}" for j in range(len(w[0]["acc"])))
+        self.console.print(f"step {ev.step}/{ev.total_steps}: loss {sum(r['loss'] for r in w) / len(w):.3f}, "
+                           f"acc {acc} (mean of {len(w)} steps), lr {w[-1]['lr']:.2e}, "
+                           f"{self.seconds / len(w):.2f} s/step")
+        self.window, self.seconds = [], 0.0
 
     def _start_bar(self, total: int, completed: int) -> None:
         from rich.progress import (

@@ -82,6 +82,9 @@ class TrainConfig:
     device: str = "cpu"  # cpu | cuda | cuda:N | auto: where the target and the drafter run
     feature_cache: str | None = None  # a directory: the target's features computed once, read every epoch
     feature_noise: float = 0.0  # gaussian noise on each target tap, std relative to that tap's RMS per position
+    # GRIFFIN's token-alignable loss (ttt.ttt_loss): step j > 0 trains only where the earlier steps put the
+    # target's token in their top-k (k = 2: the default tree's width); 0 trains every position (EAGLE-3)
+    align_topk: int = 0
     # Which weights the run writes: "best", the held-out evaluation with the highest simulated accept
     # length (chain of ttt_steps; SpecForge keeps a checkpoint per evaluation and picks by acceptance
     # too), or "last". v3's held-out curve was flat after epoch 5 of 8 while training accuracy rose.
@@ -94,6 +97,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.select not in SELECT_MODES:
             raise ValueError(f"select={self.select!r}: use one of {', '.join(SELECT_MODES)}")
+        if self.align_topk < 0:
+            raise ValueError(f"align_topk={self.align_topk}: give 0 (train every position) or the draft's top-k")
         if self.patience < 0:
             raise ValueError(f"patience={self.patience}: give 0 (run every epoch) or a number of evaluations")
 
@@ -384,7 +389,8 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
                 g["lr"] = lr_at(state["step"], total, cfg) * g["lr_scale"]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast)):
                 outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
-                loss, losses, accs, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight)
+                loss, losses, accs, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight,
+                                                 cfg.align_topk)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))

@@ -155,36 +155,57 @@ class StepResult:
     loss: Tensor  # mean soft cross-entropy over counted positions
     correct: Tensor  # [B, T] bool: draft argmax == target argmax at counted positions
     count: int
+    hit: Tensor | None = None  # [B, T] bool: the target's token among the draft's top-k (``topk`` given)
 
 
 def step_result(drafter: Eagle3Drafter, h: Tensor, tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
-                j: int) -> StepResult:
+                j: int, keep: Tensor | None = None, topk: int = 0) -> StepResult:
     """Step j at index i predicts token i+2+j against the target's distribution at i+1+j;
-    it counts when that token exists and is an assistant token. The lm_head runs only
-    there; soft CE = logsumexp(z) - sum(p * z) (p sums to one)."""
+    it counts when that token exists and is an assistant token (and ``keep`` [B, T], if
+    given, holds there). The lm_head runs only there; soft CE = logsumexp(z) - sum(p * z)
+    (p sums to one). ``topk``: also say where the target's token is among the draft's
+    ``topk`` most likely (``hit``)."""
     B, T = valid.shape
     ok = shift_left(loss_mask & valid, 2 + j, fill=False)
+    if keep is not None:
+        ok = ok & keep
     b, i = ok.nonzero(as_tuple=True)
     logits = drafter.lm_head(drafter.norm(h[b, i])).float()
     rows = tb.row[b, i + 1 + j]
     p = tb.probs[rows].float()
     cross = torch.bmm(p.unsqueeze(1), logits.unsqueeze(2)).view(-1)  # sum(p * z) without the product tensor
     loss = (torch.logsumexp(logits, -1) - cross).mean() if len(b) else logits.sum() * 0
+    target_ids = tb.best[b, i + 1 + j]
     correct = torch.zeros(B, T, dtype=torch.bool, device=valid.device)
-    correct[b, i] = logits.argmax(-1) == tb.best[b, i + 1 + j]
-    return StepResult(loss, correct, len(b))
+    correct[b, i] = logits.argmax(-1) == target_ids
+    hit = None
+    if topk:
+        hit = torch.zeros(B, T, dtype=torch.bool, device=valid.device)
+        top = logits.detach().topk(min(topk, logits.shape[-1]), dim=-1).indices
+        hit[b, i] = (top == target_ids.unsqueeze(-1)).any(-1)  # -1 (outside the draft vocabulary) never hits
+    return StepResult(loss, correct, len(b), hit)
 
 
 def ttt_loss(drafter: Eagle3Drafter, outputs: list[Tensor], tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
-             weight: float) -> tuple[Tensor, list[float], list[float], list[Tensor]]:
+             weight: float, align_topk: int = 0) -> tuple[Tensor, list[float], list[float], list[Tensor]]:
+    """The weighted loss over the unrolled steps, each step's loss and accuracy, and its ``correct`` map.
+
+    ``align_topk`` > 0: GRIFFIN's token-alignable training. Step j (> 0) counts only at the
+    positions where every earlier step put the target's token among its ``align_topk`` most
+    likely, the positions a draft tree of that width reaches at inference; elsewhere the
+    chain has already broken there and the step's prediction is never verified. Accuracies
+    are then conditional on reaching the step (the held-out evaluation never aligns)."""
     total = outputs[0].new_zeros((), dtype=torch.float32)
     losses, accs, correct = [], [], []
+    keep: Tensor | None = None
     for j, h in enumerate(outputs):
-        r = step_result(drafter, h, tb, valid, loss_mask, j)
+        r = step_result(drafter, h, tb, valid, loss_mask, j, keep, align_topk)
         total = total + weight ** j * r.loss
         losses.append(float(r.loss.detach()))
         accs.append(float(r.correct.sum()) / max(r.count, 1))
         correct.append(r.correct)
+        if r.hit is not None:
+            keep = r.hit if keep is None else keep & r.hit
     return total, losses, accs, correct
 
 

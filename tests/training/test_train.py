@@ -60,6 +60,8 @@ def test_train_writes_eagle3_checkpoint_that_the_engine_loads(tiny_setup):
     assert int(drafter.t2d.sum()) == 64
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and all(len(r["acc"]) == 3 for r in log)
+    # stderr is a pipe, not a terminal: progress comes as lines (every 50 steps and at the last)
+    assert "step 6/6: loss" in proc.stderr and "s/step" in proc.stderr, proc.stderr
 
 
 def test_kill_and_resume_gives_the_same_result(tiny_setup):
@@ -431,3 +433,46 @@ def test_samples_with_no_answer_inside_max_len_are_skipped_not_trained_as_empty_
     proc = subprocess.run(train_cmd(model_dir, data, out, "--epochs", "2", "--eval-every", "1000"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "trained on 42 samples, this run has 45" in proc.stderr
+
+
+def test_token_alignable_loss_counts_a_step_only_where_the_earlier_steps_reached(tiny_setup):
+    """GRIFFIN's mask (--align-topk): step j trains only where every earlier step had the target's
+    token in its top-k; the total is the weighted sum of those masked steps."""
+    from specdecode.training.trainer import TrainConfig, build_drafter
+    from specdecode.training.ttt import (
+        collate,
+        needed_positions,
+        shift_left,
+        step_result,
+        target_batch,
+        ttt_forward,
+        ttt_loss,
+    )
+
+    model_dir, data, tmp = tiny_setup
+    target = load_hf_dir(model_dir, torch.float64, "cpu")
+    ds = DataSet(data)
+    rows = ds.samples("train")
+    d2t, t2d, _ = draft_vocab(torch.bincount(torch.randint(0, 101, (500,), generator=torch.Generator().manual_seed(0)),
+                                             minlength=101).numpy(), 64)
+    t2d_index = torch.full((101,), -1, dtype=torch.long)
+    t2d_index[t2d] = torch.arange(64)
+    drafter = build_drafter(target, d2t, t2d, TrainConfig(data="", out="", init_from_target=False))
+    tokens, valid, loss_mask = collate(ds, rows, list(range(8)), 64, None)
+    tb = target_batch(target, tokens, needed_positions(valid, loss_mask), target.config.eagle3_aux_layer_ids, t2d,
+                      t2d_index)
+    outs = ttt_forward(drafter, tokens, valid, tb, 3)
+    k = 24
+    r0 = step_result(drafter, outs[0], tb, valid, loss_mask, 0, topk=k)
+    assert r0.hit is not None and bool((r0.hit | ~r0.correct).all())  # top-1 right implies top-k right
+    r1 = step_result(drafter, outs[1], tb, valid, loss_mask, 1, keep=r0.hit, topk=k)
+    assert r1.hit is not None
+    r2 = step_result(drafter, outs[2], tb, valid, loss_mask, 2, keep=r0.hit & r1.hit)
+    every1 = shift_left(loss_mask & valid, 3, fill=False)
+    assert r1.count == int((every1 & r0.hit).sum())
+    assert 0 < r1.count < int(every1.sum())  # the mask removes some positions, not all
+    assert 0 < r2.count < r1.count
+    total, _, _, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, 0.8, align_topk=k)
+    torch.testing.assert_close(total, (r0.loss + 0.8 * r1.loss + 0.64 * r2.loss).float())
+    plain, _, _, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, 0.8)
+    assert not torch.allclose(plain, total)
