@@ -11,8 +11,9 @@
 #   drafters.tar.00, .01 ..  the best weights of the TOP runs by held-out accept length (config.json,
 #                            model.safetensors, evals), cut in 15 MiB parts: a device call returns at most
 #                            8 files of 16 MiB each. Join with: cat drafters.tar.* | tar x
-# RUNS picks and orders them (default: all below); RUN_SECONDS caps each (default 120: the four fit one 600-second device call); EPOCHS caps each
-# schedule (default 6; the schedule spans it, so a run cut by its limit has not decayed its rate).
+# RUNS picks and orders them (default: all below); RUN_SECONDS caps each (default 120: the four fit one
+# 600-second device call); EPOCHS caps each schedule (default 6; the schedule spans it, so a run cut by its
+# limit has not decayed its rate: raise RUN_SECONDS or lower EPOCHS for a finished schedule).
 #   continue     the shipped drafter continued (its 8k vocabulary), lr 3e-4: v5's recipe with more epochs
 #   scratch      from the target's warm start, vocabulary 8192, lr 1e-3 (the v3 recipe on the v4 data)
 #   vocab16k     as scratch with a draft vocabulary of 16384 (issue 25's first recipe question)

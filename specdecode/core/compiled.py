@@ -305,12 +305,12 @@ class CompiledSteps:
         B = cache.batch_size
         with torch.inference_mode():
             if plain is not None:
-                self(model, *_dummy_inputs(B, 1, span, model.device), cache, plain)
+                self(model, *dummy_inputs(B, 1, span, model.device), cache, plain)
             if spec is None:
                 return
             assert dcache is not None, "speculative steps draft over a drafter's cache"
             taps = tuple(drafter.config.aux_layer_ids)
-            self(model, *_dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
+            self(model, *dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
             if not inductor_packs(drafter.dtype, self.device_type):
                 return  # its steps run eager (``serves``)
             width = len(taps) * model.config.hidden_size
@@ -320,7 +320,7 @@ class CompiledSteps:
                 calls.append((spec.topk, drafter.config.hidden_size))
             for t, w in calls:
                 hidden = torch.zeros(B, t, w, dtype=model.dtype, device=model.device)
-                tokens, positions, slots, mask = _dummy_inputs(B, t, min(span, dcache.max_len), model.device)
+                tokens, positions, slots, mask = dummy_inputs(B, t, min(span, dcache.max_len), model.device)
                 self.draft(drafter, tokens, hidden, positions, slots, mask, dcache)
 
 
@@ -332,7 +332,7 @@ def mark_static(cache: KVCache) -> None:
         torch._dynamo.mark_static_address(t)
 
 
-def _dummy_inputs(B: int, T: int, S: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def dummy_inputs(B: int, T: int, S: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """B rows of T tokens at positions and slots 0..T-1 of their caches, attending causally within
     them, with a mask S keys wide (a pool's steps are given the span their longest row needs)."""
     ids = torch.arange(T, device=device)[None].expand(B, T).contiguous()
