@@ -7,7 +7,7 @@
 # outside the device call's $OUT there: checkpoints are large), and the results go to $RESULTS (default
 # runs/gpu-train), at most 6 files:
 #   runs.log                 every run's progress lines (a line every 50 steps, every evaluation)
-#   summary.json             per run: steps, held-out curve (trainer's chain-3 estimate), best step, seconds
+#   summary.json             per run: steps, held-out curve (trainer's chain-3 estimate), best step
 #   drafters.tar.00, .01 ..  the best weights of the TOP runs by held-out accept length (config.json,
 #                            model.safetensors, evals), cut in 15 MiB parts: a device call returns at most
 #                            8 files of 16 MiB each. Join with: cat drafters.tar.* | tar x
