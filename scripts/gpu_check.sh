@@ -22,14 +22,9 @@
 # DEVICE=cpu runs the same stages on the CPU (a dry run of the script itself; slow where it compiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-DEVICE=${DEVICE:-cuda}
-"$PY" -c "import torch" || { echo "gpu_check.sh: $PY cannot import torch; run scripts/setup.sh first" >&2; exit 2; }
-if [ "$DEVICE" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu_check.sh needs a CUDA device: torch.cuda.is_available() is False with $PY; run it on a GPU machine" \
-         "(scripts/setup.sh there installs a CUDA build of torch), or DEVICE=cpu for a dry run of the script" >&2
-    exit 2
-fi
+NAME=gpu_check.sh
+# shellcheck source=scripts/require_cuda.sh
+source scripts/require_cuda.sh
 SD=("$PY" -m specdecode)
 R=${RESULTS:-benchmarks/results/gpu}
 SPEC=${SPEC:-../shared/data/spec_bench_questions.jsonl}

@@ -22,14 +22,9 @@
 # DEVICE=cpu runs it on the CPU with tiny sizes (MAX_STEPS, default there 2): a dry run of the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-DEVICE=${DEVICE:-cuda}
-"$PY" -c "import torch" || { echo "gpu_train.sh: $PY cannot import torch; run scripts/setup.sh first" >&2; exit 2; }
-if [ "$DEVICE" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu_train.sh needs a CUDA device: torch.cuda.is_available() is False with $PY; run it on a GPU" \
-         "machine, or DEVICE=cpu for a dry run of the script" >&2
-    exit 2
-fi
+NAME=gpu_train.sh
+# shellcheck source=scripts/require_cuda.sh
+source scripts/require_cuda.sh
 R=${RESULTS:-runs/gpu-train}
 W=${WORK:-$R/work}
 DATA=${DATA:-datasets/smollm2-135m-corpus-v4}
