@@ -40,7 +40,7 @@ for step in ${STEPS:-bf16 table check q4 eval}; do
             --samples "${TABLE_SAMPLES:-40}" --dtype bfloat16 --weights q4 "${RUN[@]}" ;;
     check) [ -s "$OUT/check-fp32-default.json" ] || $SD check --drafter "$NEW" --num-steps 2 --topk 2 \
             --num-draft-tokens 5 --dtype float32 "${RUN[@]}" --prompts "$SPEC" --per-category 3 --max-new-tokens 64 \
-            --out "$OUT/check-fp32-default.json" | tee "$OUT/check-fp32-default.txt" ;;
+            --out "$OUT/check-fp32-default.json" 2>&1 | tee "$OUT/check-fp32-default.txt" ;;
     q4) [ -s "$OUT/bench-specbench-q4.json" ] || $SD bench --dtype bfloat16 --weights q4 "${RUN[@]}" --prompts "$SPEC" \
             --per-category 2 --max-new-tokens 128 --warmup 1 --no-store --out "$OUT/bench-specbench-q4.json" \
             --methods "baseline,eagle3:steps=1,topk=1,drafter=$OLD,eagle3:steps=1,topk=1,drafter=$NEW,eagle3:$DEFAULT,drafter=$NEW,eagle3:drafter=$NEW" \

