@@ -45,8 +45,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=d.top_p)
     p.add_argument("--heldout-percent", type=float, default=d.heldout_percent)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--skip-from", nargs="+", default=list(d.skip_from), metavar="DATA",
+                   help="data sets whose prompts are not answered again: a new data set over a larger draw holds "
+                        "only new prompts (then `specdecode data merge` the two)")
     add_model_args(p)
     p.set_defaults(func=run)
+    add_merge_parser(commands)
+
+
+def add_merge_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "merge", help="join data sets of one model into a new one",
+        description="Write the samples of two or more data sets (one model, chat template and held-out rule) into "
+                    "a new data set, in the order given; a prompt answered in an earlier one is left out of the "
+                    "later ones. Each part's manifest is kept in the new manifest (how its answers were made), so "
+                    "answers built on another machine (a GPU's next to a CPU's) join the CPU-built set for "
+                    "`specdecode train` without losing which is which.")
+    p.add_argument("data", nargs="+", help="data directories (from `specdecode data build`), the first first")
+    p.add_argument("--out", required=True, help="the new data directory (must not exist, or be empty)")
+    p.set_defaults(func=run_merge)
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from specdecode.training.dataset import merge
+
+    try:
+        counts = merge(args.data, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        notice(f"error: {e}")
+        return 2
+    print(json.dumps({"out": args.out, **counts}))
+    return 0
 
 
 def add_export_parser(commands: argparse._SubParsersAction) -> None:
@@ -110,7 +139,7 @@ def build_config(args: argparse.Namespace) -> DataBuildConfig:
         bootstrap=args.bootstrap, limit=args.limit,
         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
         sampled_fraction=args.sampled_fraction, temperature=args.temperature, top_p=args.top_p,
-        heldout_percent=args.heldout_percent, seed=args.seed)
+        heldout_percent=args.heldout_percent, seed=args.seed, skip_from=tuple(args.skip_from))
 
 
 class BuildDisplay:
@@ -165,8 +194,13 @@ class BuildDisplay:
 def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
     from specdecode.training.data import build
+    from specdecode.training.dataset import DataSet
 
     cfg = build_config(args)
+    for other in cfg.skip_from:  # before the model loads
+        if not DataSet(other).exists():
+            notice(f"error: --skip-from {other}: no data set there (its index.jsonl is missing)")
+            return 2
     session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     display = BuildDisplay()
     try:

@@ -13,6 +13,7 @@ its tokens are flushed), and a restart skips prompt ids already in the index.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,64 @@ class DataSet:
         with open(self.index_path, "a") as f:
             f.write("".join(line + "\n" for line in lines))
             f.flush()
+
+
+# what every part of a merged data set must share: the model that answered (its file's fingerprint), the chat
+# template its prompts were rendered with, and the held-out rule (a hash of the prompt id at this percent)
+MERGE_KEYS = ("model_fingerprint", "chat_template_sha", "heldout_percent")
+
+
+def merge(parts: list[str | Path], out: str | Path) -> dict:
+    """Write the samples of ``parts`` (data sets of one model, chat template and held-out rule) into the new
+    data set ``out``, in order; a prompt id already taken from an earlier part is left out (counted). The
+    manifest keeps each part's own manifest under ``parts`` (how its answers were made: format, device
+    kind, settings), so answers generated elsewhere (a GPU's, beside a CPU's) stay told apart. Returns the
+    counts. The trainer reads the merged set as any other; the first part's rows come first, so its
+    held-out samples stay the first ones (``train --eval-samples N`` measures on the same answers)."""
+    if len(parts) < 2:
+        raise ValueError("data merge needs at least two data sets")
+    target = DataSet(out)
+    if target.root.exists() and any(target.root.iterdir()):
+        raise ValueError(f"{target.root} exists and is not empty; choose a new --out")
+    sets = [DataSet(p) for p in parts]
+    manifests = [ds.manifest() for ds in sets]
+    for key in MERGE_KEYS:
+        values = {json.dumps(m.get(key)) for m in manifests}
+        if len(values) > 1:
+            raise ValueError(f"the data sets differ in {key} ({', '.join(sorted(values))}): only data sets of one "
+                             f"model, chat template and held-out rule merge")
+    seen: set[str] = set()
+    duplicates = 0
+    # written beside ``out`` and moved into place whole: a merge cut short leaves no half data set behind
+    work = DataSet(target.root.with_name(f".{target.root.name}.merging"))
+    shutil.rmtree(work.root, ignore_errors=True)
+    work.root.mkdir(parents=True)
+    index: list[dict] = []
+    with open(work.tokens_path, "wb") as f:
+        offset = 0
+        for ds in sets:
+            tokens = ds.tokens()
+            for row in ds.index():
+                if row["id"] in seen:
+                    duplicates += 1
+                    continue
+                seen.add(row["id"])
+                f.write(np.asarray(tokens[row["offset"]:row["offset"] + row["length"]], dtype=np.int32).tobytes())
+                index.append(row | {"offset": offset})
+                offset += row["length"]
+    work.index_path.write_text("".join(json.dumps(r) + "\n" for r in index))
+    counts = summarize(index) | {"duplicates_left_out": duplicates}
+    first = manifests[0]
+    work.write_manifest({
+        "format": first.get("format", "specdecode-data-v1"), "model": first.get("model"),
+        **{key: first.get(key) for key in MERGE_KEYS},
+        "prompt_files": sorted({f for m in manifests for f in m.get("prompt_files", [])}),
+        "status": "merged", **counts,
+        "parts": [{"path": str(ds.root)} | m for ds, m in zip(sets, manifests, strict=True)]})
+    if target.root.exists():
+        target.root.rmdir()  # empty (checked above)
+    work.root.replace(target.root)
+    return counts
 
 
 def heldout_split(pid: str, percent: float) -> str:

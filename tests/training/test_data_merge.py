@@ -1,0 +1,115 @@
+"""Data sets built apart (another machine, a larger draw) and joined: `data build --skip-from`, `data merge`,
+and the refusal to resume a data set with other generation settings."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specdecode.training.data import check_resume
+from specdecode.training.dataset import DataSet, merge
+
+BASE = {"format": "specdecode-data-v1", "model": "m.gguf", "model_fingerprint": "f0", "chat_template_sha": "c0",
+        "heldout_percent": 5.0, "dtype": "bfloat16", "weights": "q4", "prompt_files": ["a.jsonl"]}
+
+
+def make_set(root, ids, start, **manifest):
+    ds = DataSet(root)
+    rows = []
+    for n, pid in enumerate(ids):
+        tokens = list(range(start + 10 * n, start + 10 * n + 5 + n))
+        rows.append(({"id": pid, "split": "heldout" if pid.startswith("h") else "train", "source": "s",
+                      "mode": "greedy", "loss_ranges": [[2, len(tokens)]]}, tokens))
+    ds.append(rows)
+    ds.write_manifest(BASE | manifest)
+    return ds
+
+
+def test_merge_keeps_order_and_tokens_and_leaves_repeated_prompts_out(tmp_path):
+    a = make_set(tmp_path / "a", ["h1", "t1", "t2"], 0)
+    b = make_set(tmp_path / "b", ["t2", "t3", "h2"], 1000, dtype="bfloat16", weights="native", device="cuda",
+                 prompt_files=["b.jsonl"])
+    counts = merge([a.root, b.root], tmp_path / "m")
+    m = DataSet(tmp_path / "m")
+    rows = m.index()
+    assert [r["id"] for r in rows] == ["h1", "t1", "t2", "t3", "h2"]  # the first part first: its held-out first
+    assert counts["duplicates_left_out"] == 1 and counts["samples"] == 5 and counts["heldout"] == 2
+    # every sample reads the tokens it had in its own part (t2: a's, not b's)
+    own = {r["id"]: (a, r) for r in a.index()} | {r["id"]: (b, r) for r in b.index()[1:]}
+    for r in rows:
+        ds, orig = own[r["id"]]
+        assert m.read(r) == ds.read(orig)
+    assert len(m.tokens()) == sum(r["length"] for r in rows)
+    manifest = m.manifest()
+    assert manifest["status"] == "merged" and manifest["model_fingerprint"] == "f0"
+    assert manifest["prompt_files"] == ["a.jsonl", "b.jsonl"]
+    assert [p["weights"] for p in manifest["parts"]] == ["q4", "native"] and manifest["parts"][1]["device"] == "cuda"
+
+
+def test_merge_refuses_other_models_one_part_and_a_used_out(tmp_path):
+    a = make_set(tmp_path / "a", ["t1"], 0)
+    b = make_set(tmp_path / "b", ["t2"], 0, model_fingerprint="f1")
+    with pytest.raises(ValueError, match="differ in model_fingerprint"):
+        merge([a.root, b.root], tmp_path / "m")
+    c = make_set(tmp_path / "c", ["t3"], 0, heldout_percent=10.0)
+    with pytest.raises(ValueError, match="differ in heldout_percent"):
+        merge([a.root, c.root], tmp_path / "m2")
+    with pytest.raises(ValueError, match="at least two"):
+        merge([a.root], tmp_path / "m3")
+    with pytest.raises(ValueError, match="not empty"):
+        merge([a.root, a.root], b.root)
+    with pytest.raises(FileNotFoundError, match="data build"):
+        merge([a.root, tmp_path / "absent"], tmp_path / "m4")
+
+
+def test_merge_from_the_cli_and_its_refusal(tmp_path):
+    a = make_set(tmp_path / "a", ["t1", "h1"], 0)
+    b = make_set(tmp_path / "b", ["t2"], 50)
+    run = [sys.executable, "-m", "specdecode", "data", "merge"]
+    ok = subprocess.run(run + [str(a.root), str(b.root), "--out", str(tmp_path / "m")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["samples"] == 3
+    again = subprocess.run(run + [str(a.root), str(b.root), "--out", str(tmp_path / "m")], capture_output=True,
+                           text=True)
+    assert again.returncode == 2 and "not empty; choose a new --out" in again.stderr
+
+
+def test_resume_with_other_generation_settings_is_refused_naming_them():
+    old = BASE | {"max_new_tokens": 256, "sampled_fraction": 0.0, "seed": 0, "temperature": 0.7}
+    check_resume(old, old | {"sample": 48000, "temperature": 1.0}, "d")  # the draw grows; greedy: no temperature
+    with pytest.raises(ValueError, match=r"weights 'q4' -> 'native'; max_new_tokens 256 -> 128.*data merge"):
+        check_resume(old, old | {"weights": "native", "max_new_tokens": 128}, "d")
+    with pytest.raises(ValueError, match="temperature 0.7 -> 1.0"):
+        check_resume(old | {"sampled_fraction": 0.3}, old | {"sampled_fraction": 0.3, "temperature": 1.0}, "d")
+    check_resume({"dtype": "bfloat16"}, old | {"max_prompt_tokens": 768}, "d")  # an older manifest lacks some
+
+
+@pytest.mark.model
+def test_build_skips_prompts_of_another_set_and_refuses_other_settings(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    topics = ["the sea", "bread", "rain", "chess", "tea"]
+    prompts.write_text("".join(json.dumps({"prompt": f"Name one fact about {t}."}) + "\n" for t in topics))
+    build = [sys.executable, "-m", "specdecode", "data", "build", "--prompts", str(prompts), "--max-new-tokens", "3",
+             "--batch-size", "4", "--sampled-fraction", "0", "--dtype", "bfloat16", "--weights", "q4",
+             "--compile", "off", "--threads", "1"]
+    first = subprocess.run(build + ["--out", str(tmp_path / "a"), "--limit", "2"], capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = subprocess.run(build + ["--out", str(tmp_path / "b"), "--skip-from", str(tmp_path / "a")],
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    a, b = DataSet(tmp_path / "a"), DataSet(tmp_path / "b")
+    ids_a, ids_b = {r["id"] for r in a.index()}, {r["id"] for r in b.index()}
+    assert len(ids_a) == 2 and len(ids_b) == 3 and not ids_a & ids_b
+    assert b.manifest()["skip_from"] == [str(tmp_path / "a")] and b.manifest()["max_prompt_tokens"] == 768
+    other = subprocess.run(build + ["--out", str(tmp_path / "a"), "--max-new-tokens", "5"], capture_output=True,
+                           text=True, timeout=300)
+    assert other.returncode == 2 and "max_new_tokens 3 -> 5" in other.stderr and "data merge" in other.stderr
+    assert {r["id"] for r in a.index()} == ids_a  # nothing added
+    missing = subprocess.run(build + ["--out", str(tmp_path / "c"), "--skip-from", str(tmp_path / "nothing")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "--skip-from" in missing.stderr and not (tmp_path / "c").exists()
+    merged = merge([a.root, b.root], tmp_path / "m")
+    assert merged["samples"] == 5 and np.asarray(DataSet(tmp_path / "m").tokens()).max() < 49152
