@@ -4,10 +4,11 @@
 #   OLD    the drafter to beat (a directory; with OLD_COMMIT, filled from the shipped drafter at that commit)
 #   NEW    the candidate (a directory)
 #   OUT    where the results go;  DATA  the data set whose held-out split measures acceptance
-#   STEPS  which steps, in the order given (default: all, most decisive first):
+#   STEPS  which steps, in the order given (default: all; the table first, so auto in bf16 reads it):
 #     bf16   Spec-Bench end to end, one interleaved run, bf16 native weights: the baseline, both drafters
 #            at the default shape (2 steps, top-2, 5 tokens), NEW at the shape --spec-config auto chooses;
-#     table  NEW's acceptance table (what --spec-config auto reads), if its directory has none yet;
+#     table  NEW's acceptance table (what --spec-config auto reads), if its directory has none yet: DATA's
+#            held-out answers and the unseen-prompt set's, an equal share each;
 #     check  losslessness in fp32: NEW at the default shape, speculative greedy against the baseline on
 #            Spec-Bench (3 prompts per category, 64 tokens);
 #     q4     Spec-Bench with the main job's weight format (bf16 + the GGUF's 4-bit weights): the
@@ -30,13 +31,14 @@ if [ -n "${OLD_COMMIT:-}" ]; then
     done
 fi
 
-for step in ${STEPS:-bf16 table check q4 eval}; do
+for step in ${STEPS:-table bf16 check q4 eval}; do
     case $step in
     bf16) [ -s "$OUT/bench-specbench-bf16.json" ] || $SD bench --dtype bfloat16 "${RUN[@]}" --prompts "$SPEC" \
             --per-category 2 --max-new-tokens 128 --warmup 1 --no-store --out "$OUT/bench-specbench-bf16.json" \
             --methods "baseline,eagle3:$DEFAULT,drafter=$OLD,eagle3:$DEFAULT,drafter=$NEW,eagle3:drafter=$NEW" \
             | tee "$OUT/bench-specbench-bf16.txt" ;;
-    table) [ -s "$NEW/acceptance.json" ] || $SD eval-drafter --data "$DATA" --drafter "$NEW" --acceptance-table \
+    table) [ -s "$NEW/acceptance.json" ] || $SD eval-drafter --data "$DATA" datasets/smollm2-135m-unseen-v1 \
+            --drafter "$NEW" --acceptance-table \
             --samples "${TABLE_SAMPLES:-40}" --dtype bfloat16 --weights q4 "${RUN[@]}" ;;
     check) [ -s "$OUT/check-fp32-default.json" ] || $SD check --drafter "$NEW" --num-steps 2 --topk 2 \
             --num-draft-tokens 5 --dtype float32 "${RUN[@]}" --prompts "$SPEC" --per-category 3 --max-new-tokens 64 \

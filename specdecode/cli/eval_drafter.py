@@ -15,10 +15,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="On held-out greedy samples, compare the accept length simulated from the "
                                    "training-time test with the one the engine measures (same prompts).")
     d = EvalDrafterConfig(data="", drafter="")
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, nargs="+",
+                   help="data set whose greedy held-out answers are measured; with --acceptance-table one or more, "
+                        "each an equal share (e.g. the training data and datasets/smollm2-135m-unseen-v1)")
     p.add_argument("--drafter", required=True)
     p.add_argument("--depth", type=int, default=d.depth, help="chain depth (num_steps)")
-    p.add_argument("--samples", type=int, default=d.samples)
+    p.add_argument("--samples", type=int, default=d.samples, help="held-out answers (per data set)")
     p.add_argument("--acceptance-table", action="store_true",
                    help="instead: measure per-position acceptance of the deepest candidate shape of each top-k "
                         "with the engine and write acceptance.json into the drafter directory (or --out), what "
@@ -32,16 +34,19 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.session import start
     from specdecode.training.evaluate import eval_drafter
 
+    if len(args.data) > 1 and not args.acceptance_table:
+        notice("error: more than one --data is for --acceptance-table; the trainer-vs-engine comparison reads one")
+        return 2
     session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     if args.acceptance_table:
         import sys
 
         from specdecode.training.evaluate import AcceptanceTableConfig, acceptance_table
 
-        table = AcceptanceTableConfig(data=args.data, drafter=args.drafter, samples=args.samples, out=args.out)
+        table = AcceptanceTableConfig(data=tuple(args.data), drafter=args.drafter, samples=args.samples, out=args.out)
         print(json.dumps(acceptance_table(table, session, on_shape=lambda s: print(f"measuring {s}",
                                                                                     file=sys.stderr))))
         return 0
-    cfg = EvalDrafterConfig(data=args.data, drafter=args.drafter, depth=args.depth, samples=args.samples)
+    cfg = EvalDrafterConfig(data=args.data[0], drafter=args.drafter, depth=args.depth, samples=args.samples)
     print(json.dumps(eval_drafter(cfg, session)))
     return 0

@@ -116,7 +116,9 @@ def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
     if data is None:
         return None
     m = data.get("measured", {})
-    source = (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} ({m.get('samples', '?')} held-out answers, "
+    sets = m.get("data")
+    of = f" of {len(sets)} data sets" if isinstance(sets, list) and len(sets) > 1 else ""
+    source = (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} ({m.get('samples', '?')} held-out answers{of}, "
               f"{m.get('dtype', '?')}/{m.get('weights', '?')})")
     return AcceptanceTable(data["per_position_accept"], source, m.get("dtype"), m.get("weights"))
 

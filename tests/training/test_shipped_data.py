@@ -21,13 +21,15 @@ def test_shipped_data_set_is_consistent(path):
     assert rows and len(tokens) == sum(r["length"] for r in rows)  # nothing torn, nothing dangling
     assert int(np.asarray(tokens).max()) < 49152 and int(np.asarray(tokens).min()) >= 0  # SmolLM2's vocabulary
     manifest = ds.manifest()
-    assert manifest["heldout_percent"] == 5.0
+    # the corpus sets hold 5% out; the unseen-prompt set (acceptance tables) holds every answer out
+    percent = 100.0 if "unseen" in path.name else 5.0
+    assert manifest["heldout_percent"] == percent
     assert not any("spec_bench" in f or "FastChat" in f for f in manifest["prompt_files"])  # evaluation sets
     ids = [r["id"] for r in rows]
     assert len(set(ids)) == len(ids)
     for r in rows:
         (a, b), = r["loss_ranges"]
-        assert 0 < a < b <= r["length"] and r["split"] == heldout_split(r["id"], 5.0)
+        assert 0 < a < b <= r["length"] and r["split"] == heldout_split(r["id"], percent)
 
 
 @pytest.mark.model
