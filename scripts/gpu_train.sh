@@ -28,11 +28,12 @@
 # (default 4), so its rate schedule decays inside the limit (a 16k vocabulary is counted 1.2x a step). If
 # the probe fails, the runs fall back to EPOCHS under their limit. MAX_STEPS=N fixes the steps.
 # GENERATE_SECONDS=N (default 0: none): before anything else, for at most N seconds, the target answers more prompts
-# of the corpus on the device (`data build`, bf16 with native weights: the 4-bit kernel is CPU-only; greedy), the
-# same draw as DATA's (its manifest's category weights, seed, held-out percent, answer length) grown to GEN_SAMPLE
+# of the corpus on the device (`data build`, bf16 with native weights: the 4-bit kernel is CPU-only), the same draw
+# as DATA's (its manifest's prompt files in their order, category weights, seed, held-out percent, answer length,
+# sampling; a merged DATA: its first part's) grown to GEN_SAMPLE
 # prompts (default 96000), leaving out those DATA answered (--skip-from), GEN_BATCH answers at a time (default
-# 512), prompts from GEN_PROMPTS (default ../shared/data/prompts: its *.jsonl and long/*.jsonl, FastChat left out, as
-# for DATA). A build stopped by its limit keeps every finished answer. The answers go to $W/data-gen; the runs
+# 512), DATA's prompt files found in GEN_PROMPTS (default ../shared/data/prompts, with its long/). A build stopped
+# by its limit keeps every finished answer. The answers go to $W/data-gen; the runs
 # then train on DATA and them joined (`data merge` into $W/data-merged: DATA's samples first, so the held-out
 # answers every table measures on stay the first), and they come back as $R/data-gen.tar.xz.NN (15 MiB parts;
 # cat data-gen.tar.xz.* | tar xJ). With it, keep TOP <= 2: a device call returns at most 8 files, 64 MiB in all.
@@ -59,26 +60,42 @@ fi
 export COLUMNS=${COLUMNS:-200}  # progress lines unwrapped in the logs (the probe reads them)
 mkdir -p "$R" "$W"
 rm -f "$R/runs.log" "$R"/data-gen.tar.xz.[0-9]*
-if [ "${GENERATE_SECONDS:-0}" -gt 0 ]; then
-    GP=${GEN_PROMPTS:-../shared/data/prompts}
-    mapfile -t GEN_FILES < <(ls "$GP"/*.jsonl "$GP"/long/*.jsonl 2>/dev/null | grep -v FastChat)
-    [ ${#GEN_FILES[@]} -gt 0 ] || { echo "gpu_train.sh: no prompt files in $GP (GEN_PROMPTS)" >&2; exit 2; }
-    # the draw of DATA, grown: its manifest's settings
-    GEN_FLAGS=$("$PY" - "$DATA" <<'EOF'
+if [ "${GENERATE_SECONDS:-0}" != 0 ]; then
+    [[ $GENERATE_SECONDS =~ ^[0-9]+$ ]] || { echo "gpu_train.sh: GENERATE_SECONDS must be whole seconds, got '$GENERATE_SECONDS'" >&2; exit 2; }
+    # DATA's draw, grown: its manifest's settings and prompt files (their order decides the draw), found under GP
+    "$PY" - "$DATA" "${GEN_PROMPTS:-../shared/data/prompts}" > "$W/generate.args" <<'EOF' || exit 2
 import json, sys
+from pathlib import Path
 m = json.load(open(f"{sys.argv[1]}/manifest.json"))
-weights = ",".join(f"{k}={v}" for k, v in (m.get("category_weights") or {}).items())
-print(f"--seed {m['seed']} --heldout-percent {m['heldout_percent']} --max-new-tokens {m['max_new_tokens']} "
-      f"--sampled-fraction {m['sampled_fraction']}" + (f" --category-weights {weights}" if weights else ""))
+made = m if "seed" in m else (m.get("parts") or [{}])[0]  # a merged data set: its first part's settings
+missing = [k for k in ("seed", "heldout_percent", "max_new_tokens", "sampled_fraction", "prompt_files") if k not in made]
+if missing:
+    sys.exit(f"gpu_train.sh: {sys.argv[1]}/manifest.json lacks {', '.join(missing)}: not a data set `data build` made")
+weights = ",".join(f"{k}={v}" for k, v in (made.get("category_weights") or {}).items())
+print(f"--seed {made['seed']} --heldout-percent {made['heldout_percent']} --max-new-tokens {made['max_new_tokens']} "
+      f"--max-prompt-tokens {made.get('max_prompt_tokens', 768)} --sampled-fraction {made['sampled_fraction']} "
+      f"--temperature {made.get('temperature', 0.7)} --top-p {made.get('top_p', 0.9)}"
+      + (f" --category-weights {weights}" if weights else ""))
+root = Path(sys.argv[2])
+for f in made["prompt_files"]:
+    p = Path(f)
+    found = root / "long" / p.name if p.parent.name == "long" else root / p.name
+    if not found.is_file():
+        sys.exit(f"gpu_train.sh: {found} not found: GEN_PROMPTS must hold DATA's prompt files ({p.name})")
+    print(found)
 EOF
-    ) || { echo "gpu_train.sh: cannot read $DATA/manifest.json" >&2; exit 2; }
+    mapfile -t GEN < "$W/generate.args"
+    GEN_FLAGS=${GEN[0]}
     echo "=== gpu_train generate ($(date -u +%H:%M:%S)): up to ${GENERATE_SECONDS}s, draw ${GEN_SAMPLE:-96000}: $GEN_FLAGS"
     t0=$SECONDS
     # shellcheck disable=SC2086  # the flags split on purpose
-    timeout -s TERM "$GENERATE_SECONDS" "$PY" -m specdecode data build --out "$W/data-gen" --device "$DEVICE" \
-        --dtype bfloat16 --weights native --compile off --batch-size "${GEN_BATCH:-512}" \
-        --sample "${GEN_SAMPLE:-96000}" --skip-from "$DATA" $GEN_FLAGS --prompts "${GEN_FILES[@]}" > "$W/generate.log" 2>&1
-    echo "=== gpu_train generate: exit $? after $((SECONDS - t0))s"
+    timeout -k 60 -s TERM "$GENERATE_SECONDS" "$PY" -m specdecode data build --out "$W/data-gen" --device "$DEVICE" \
+        --dtype bfloat16 --weights native --compile off --batch-size "${GEN_BATCH:-512}" ${MODEL:+--model "$MODEL"} \
+        --sample "${GEN_SAMPLE:-96000}" --skip-from "$DATA" $GEN_FLAGS --prompts "${GEN[@]:1}" > "$W/generate.log" 2>&1
+    code=$?
+    echo "=== gpu_train generate: exit $code after $((SECONDS - t0))s"
+    # 0: the draw answered; 124: stopped by its limit (SIGTERM: the answers finished are kept); 137: killed 60 s later
+    case $code in 0|124) ;; *) echo "=== gpu_train generate FAILED (exit $code): its log's tail below" ;; esac
     tail -n 3 "$W/generate.log"
     { echo "=== generate"; cat "$W/generate.log"; } >> "$R/runs.log"
     if [ -s "$W/data-gen/index.jsonl" ]; then

@@ -252,8 +252,9 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     report(BuildProgress("generate", 0, len(todo)))
 
     def flush() -> None:
-        ds.append(rows)  # appended as answers finish: a killed build resumes from what was saved
+        pending = rows[:]  # taken first: an interrupt after this point cannot make the finally below append twice
         rows.clear()
+        ds.append(pending)  # appended as answers finish: a killed build resumes from what was saved
         report(BuildProgress("generate", answered, len(todo), new_tokens=new_tokens,
                              seconds=time.perf_counter() - t0))
 
@@ -303,6 +304,9 @@ SAMPLED_SETTINGS = ("temperature", "top_p")  # compared where answers are sample
 
 def check_resume(old: dict, new: dict, out: str) -> None:
     """Refuse to resume a data set made with other generation settings, naming them and the fix."""
+    if old.get("status") == "merged":
+        raise ValueError(f"{out} was made by `data merge` (its parts were built with their own settings); build into "
+                         f"a new --out with --skip-from {out}, then merge again")
     keys = RESUME_SETTINGS + (SAMPLED_SETTINGS if new.get("sampled_fraction") or old.get("sampled_fraction") else ())
     differ = [f"{k} {old[k]!r} -> {new[k]!r}" for k in keys if k in old and k in new and old[k] != new[k]]
     if differ:

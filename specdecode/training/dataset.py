@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,9 @@ class DataSet:
         return rows
 
     def tokens(self) -> np.ndarray:
-        return np.memmap(self.tokens_path, dtype=np.int32, mode="r")
+        """Every whole token written so far (a torn tail from a writer killed mid-token is left out; read the
+        index first, then this, and every indexed sample lies inside it while a build appends)."""
+        return np.memmap(self.tokens_path, dtype=np.int32, mode="r", shape=(self.tokens_path.stat().st_size // 4,))
 
     def samples(self, split: str | None = None) -> list[dict]:
         return [r for r in self.index() if split is None or r["split"] == split]
@@ -77,7 +80,18 @@ class DataSet:
         return ids, mask
 
     def append(self, rows: list[tuple[dict, list[int]]]) -> None:
-        """Commit samples: tokens first (flushed), then their index lines."""
+        """Commit samples: tokens first (flushed), then their index lines. SIGINT and SIGTERM wait until both
+        are written (a handler that raises, as `data build`'s does, would otherwise leave tokens without their
+        index lines, or index lines that a retried append writes twice)."""
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if hasattr(signal, "pthread_sigmask") else None
+        try:
+            self._append(rows)
+        finally:
+            if previous is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def _append(self, rows: list[tuple[dict, list[int]]]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.tokens_path, "ab") as f:
             # a torn tail from a killed writer is skipped: offsets come from the file size
@@ -130,13 +144,18 @@ def merge(parts: list[str | Path], out: str | Path) -> dict:
     with open(work.tokens_path, "wb") as f:
         offset = 0
         for ds in sets:
+            rows = ds.index()  # before the tokens: a part still being built appends tokens first, then index lines
             tokens = ds.tokens()
-            for row in ds.index():
+            for row in rows:
                 if row["id"] in seen:
                     duplicates += 1
                     continue
                 seen.add(row["id"])
-                f.write(np.asarray(tokens[row["offset"]:row["offset"] + row["length"]], dtype=np.int32).tobytes())
+                chunk = np.asarray(tokens[row["offset"]:row["offset"] + row["length"]], dtype=np.int32)
+                if len(chunk) != row["length"]:
+                    raise ValueError(f"{ds.root}: sample {row['id']} points past the end of tokens.bin; is the data "
+                                     f"set damaged? (`specdecode train` reads it the same way)")
+                f.write(chunk.tobytes())
                 index.append(row | {"offset": offset})
                 offset += row["length"]
     work.index_path.write_text("".join(json.dumps(r) + "\n" for r in index))

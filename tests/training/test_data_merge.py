@@ -84,6 +84,23 @@ def test_resume_with_other_generation_settings_is_refused_naming_them():
     with pytest.raises(ValueError, match="temperature 0.7 -> 1.0"):
         check_resume(old | {"sampled_fraction": 0.3}, old | {"sampled_fraction": 0.3, "temperature": 1.0}, "d")
     check_resume({"dtype": "bfloat16"}, old | {"max_prompt_tokens": 768}, "d")  # an older manifest lacks some
+    with pytest.raises(ValueError, match="made by `data merge`.*--skip-from d"):
+        check_resume({"status": "merged", "parts": [old]}, old, "d")
+
+
+def test_merge_reads_a_part_with_a_torn_tail_and_rejects_rows_past_its_end(tmp_path):
+    a = make_set(tmp_path / "a", ["t1", "h1"], 0)
+    b = make_set(tmp_path / "b", ["t2"], 50)
+    with open(b.tokens_path, "ab") as f:
+        f.write(b"\x01\x02")  # a writer killed mid-token
+    counts = merge([a.root, b.root], tmp_path / "m")
+    assert counts["samples"] == 3 and len(DataSet(tmp_path / "m").tokens()) == sum(
+        r["length"] for r in DataSet(tmp_path / "m").index())
+    rows = a.index_path.read_text().splitlines()
+    bad = json.loads(rows[-1]) | {"offset": 10_000}
+    a.index_path.write_text("\n".join(rows[:-1] + [json.dumps(bad)]) + "\n")
+    with pytest.raises(ValueError, match="past the end of tokens.bin"):
+        merge([a.root, b.root], tmp_path / "m2")
 
 
 @pytest.mark.model
@@ -144,15 +161,54 @@ def test_a_stopped_build_keeps_the_answers_it_finished(tmp_path, monkeypatch):
     assert summary["samples"] == 4 and summary["generated_this_run"] > 0
 
 
-def test_the_cli_turns_sigterm_into_an_interrupt_once():
+def test_the_cli_build_turns_sigterm_into_an_interrupt_once(tmp_path, monkeypatch):
     import signal
 
-    from specdecode.cli.data import _interrupt
+    from specdecode.cli import data as cli_data
+    from specdecode.cli.main import main
+    from specdecode.runtime import session as session_module
+    from specdecode.training import data
 
+    seen = {}
+
+    def fake_build(cfg, session, on_progress=None):  # what SIGTERM does while the build runs
+        seen["handler"] = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        seen["after"] = signal.getsignal(signal.SIGTERM)
+        return {"samples": 0}
+
+    monkeypatch.setattr(session_module, "start", lambda *a, **k: None)
+    monkeypatch.setattr(data, "build", fake_build)
     before = signal.getsignal(signal.SIGTERM)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            _interrupt(signal.SIGTERM, None)
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert main(["data", "build", "--out", str(tmp_path / "d"), "--prompts", "p.jsonl"]) == 0
     finally:
         signal.signal(signal.SIGTERM, before)
+    assert seen == {"handler": cli_data._interrupt, "after": signal.SIG_IGN}
+
+
+def test_an_append_finishes_before_sigterm_is_handled(tmp_path, monkeypatch):
+    """A SIGTERM (or Ctrl-C) arriving mid-append is handled once the tokens and their index lines are both
+    written: `data build`'s handler raises, which would otherwise leave tokens without index lines."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    ds = DataSet(tmp_path / "d")
+    real = DataSet._append
+
+    def signalled_first(self, rows):
+        signal.raise_signal(signal.SIGTERM)  # arrives before anything is written
+        real(self, rows)
+
+    monkeypatch.setattr(DataSet, "_append", signalled_first)
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ds.append([({"id": "t1", "split": "train", "source": "s", "mode": "greedy", "loss_ranges": [[1, 3]]},
+                        [1, 2, 3])])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert [r["id"] for r in ds.index()] == ["t1"] and list(ds.tokens()) == [1, 2, 3]
