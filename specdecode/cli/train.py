@@ -62,12 +62,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "every epoch instead of running the target again (resumable; refused if made for other data)")
     p.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N | auto (default: cpu); the target and the "
                                                       "drafter both run there")
+    p.add_argument("--eval-data", nargs="+", default=list(d.eval_data), metavar="DATA",
+                   help="also evaluate on these data sets' held-out answers at every evaluation, reported beside "
+                        "--data's (the best checkpoint is still chosen on --data's), e.g. "
+                        "datasets/smollm2-135m-unseen-v1: prompts from outside the training corpus")
     p.set_defaults(func=run)
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}
-    return TrainConfig(**fields | {"init_from_target": not args.random_init})
+    return TrainConfig(**fields | {"init_from_target": not args.random_init, "eval_data": tuple(args.eval_data)})
 
 
 class TrainDisplay:
@@ -117,6 +121,7 @@ class TrainDisplay:
                                         + " ".join(f"{a:.2f}" for a in ev.result.step_acc)
                                         + (f"; best {ev.best_accept_length:.2f} at step {ev.best_step}"
                                            if ev.best_step is not None else "")
+                                        + "".join(f"; {name} {a:.2f}" for name, a in ev.others.items())
                                         + ("; stopping: the held-out curve is flat" if ev.stopping else ""))
 
     def _log_line(self, ev: StepDone) -> None:

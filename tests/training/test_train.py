@@ -476,3 +476,26 @@ def test_token_alignable_loss_counts_a_step_only_where_the_earlier_steps_reached
     torch.testing.assert_close(total, (r0.loss + 0.8 * r1.loss + 0.64 * r2.loss).float())
     plain, _, _, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, 0.8)
     assert not torch.allclose(plain, total)
+
+
+def test_eval_data_is_evaluated_beside_the_held_out_split_and_not_selected_on(tiny_setup):
+    """--eval-data: the same drafter at every evaluation on another data set's held-out answers. A copy of the
+    training data's held-out answers must read the same accept length as the run's own figure."""
+    import shutil
+
+    model_dir, data, tmp = tiny_setup
+    copy = tmp / "copy"
+    shutil.copytree(data, copy)
+    out = tmp / "drafter"
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "10", "--eval-data", str(copy)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    evals = json.loads((out / "checkpoint" / "trainer_state.json").read_text())["evals"]
+    assert len(evals) == 2
+    for e in evals:
+        assert e["others"]["copy"]["accept_length"] == pytest.approx(e["accept_length"])
+        assert e["others"]["copy"]["step_acc"] == pytest.approx(e["step_acc"])
+    assert f"; copy {evals[-1]['accept_length']:.2f}" in proc.stderr
+    missing = subprocess.run(train_cmd(model_dir, data, tmp / "d2", "--max-steps", "2", "--eval-data",
+                                       str(tmp / "absent")), capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "data build" in missing.stderr
