@@ -25,7 +25,7 @@ def tiny_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "PROMPTS": str(prompts), "DATA": str(tmp_path / "data"), "OUT": str(tmp_path / "drafter"),
         "FEATURES": str(tmp_path / "features"), "SAMPLE": "16", "MAX_NEW_TOKENS": "8", "BATCH_SIZE": "8",
         "HELDOUT_PERCENT": "30", "MAX_STEPS": "2", "EVAL_EVERY": "1000", "EVAL_SAMPLES": "4",
-        "EVAL_ENGINE_SAMPLES": "2", "THREADS": "1", "COMPILE": "off",
+        "EVAL_ENGINE_SAMPLES": "2", "TABLE_SAMPLES": "1", "THREADS": "1", "COMPILE": "off",
         "CATEGORY_WEIGHTS": "writing=1,math=1"} | extra
 
 
@@ -41,6 +41,9 @@ def test_pipeline_runs_end_to_end_on_cpu_with_a_tiny_budget(tmp_path):
     assert summary["config"]["select"] == "best" and summary["config"]["patience"] == 3  # v4's recipe
     ev = json.loads((tmp_path / "drafter" / "eval-drafter.json").read_text())
     assert ev["samples"] == 2 and ev["engine_accept_length"] >= 1.0
+    table = json.loads((tmp_path / "drafter" / "acceptance.json").read_text())  # what --spec-config auto reads
+    assert [d["samples"] for d in table["measured"]["by_data"]] == [1, 1]
+    assert table["measured"]["data"][1].endswith("smollm2-135m-unseen-v1")
     # run again: every step finds its work done; the data set, manifest included, is left as it was
     before = (tmp_path / "data" / "manifest.json").read_bytes()
     again = subprocess.run([str(SCRIPT), "--device", "cpu"], env=tiny_env(tmp_path), capture_output=True, text=True,
@@ -49,6 +52,7 @@ def test_pipeline_runs_end_to_end_on_cpu_with_a_tiny_budget(tmp_path):
     assert (tmp_path / "data" / "manifest.json").read_bytes() == before
     assert "is complete for --sample 16; not built again" in again.stderr
     assert "resumed from" in again.stderr
+    assert "acceptance table: " in again.stderr and "not measured again" in again.stderr, again.stderr[-2000:]
 
 
 def test_pipeline_refuses_unknown_options_and_an_absent_gpu(tmp_path):
