@@ -109,8 +109,23 @@ class SpecChoice:
         return f"{head}; costs {self.costs_source}; acceptance {self.acceptance_source})"
 
 
-def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
+def stale_acceptance(drafter_path: str | None) -> str | None:
+    """Why the drafter's acceptance table does not describe its weights (it records the fingerprint of the
+    weights it was measured on: a drafter trained again into the same directory keeps the old table), or None."""
     if not drafter_path or not Path(drafter_path).is_dir():
+        return None
+    data = read_acceptance(drafter_path)
+    weights = Path(drafter_path) / "model.safetensors"
+    recorded = (data or {}).get("measured", {}).get("drafter_weights")
+    if recorded and weights.is_file() and recorded != file_fingerprint(weights):
+        return (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} was measured on other weights than its "
+                f"model.safetensors (measure it again with `specdecode eval-drafter --acceptance-table`)")
+    return None
+
+
+def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
+    """The drafter's acceptance table; None where it has none or the table is stale (``stale_acceptance``)."""
+    if not drafter_path or not Path(drafter_path).is_dir() or stale_acceptance(drafter_path):
         return None
     data = read_acceptance(drafter_path)
     if data is None:
@@ -213,9 +228,10 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
                           "so SpecConfig() under the flags given")
     table = acceptance_table(drafter_path)
     if table is None:
+        stale = stale_acceptance(drafter_path)
         return SpecChoice(request.static(), "fallback",
-                          f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter "
-                          "--acceptance-table`): SpecConfig() under the flags given")
+                          (stale or f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter "
+                                    "--acceptance-table`)") + ": SpecConfig() under the flags given")
     shapes = [s for s in candidate_shapes(request.num_draft_tokens) if request.admits(s) and table.covers(s)]
     if not shapes:
         return SpecChoice(request.static(), "fallback",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -170,6 +171,7 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
     from specdecode.core.engine import Engine, GenerateOptions
     from specdecode.core.speculative import Eagle3Decoder, SpecConfig
     from specdecode.io.checkpoints import load_drafter, write_acceptance
+    from specdecode.io.paths import file_fingerprint
 
     sets = [DataSet(d) for d in cfg.data]
     rows_of = [greedy_heldout(ds, cfg.max_len, cfg.samples, "measure acceptance on") for ds in sets]
@@ -202,7 +204,10 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
         per_position[topk] = [float(x) for x in np.mean(each, axis=0)]
         shapes[topk] = {"num_steps": shape.num_steps, "num_draft_tokens": shape.num_draft_tokens,
                         "cycles": total_cycles, "accept_length": 1 + float(sum(per_position[topk]))}
+    weights = Path(cfg.drafter) / "model.safetensors"
     measured = {"data": [str(d) for d in cfg.data], "split": "heldout", "samples": sum(len(r) for r in rows_of),
+                # the weights measured (runtime.autospec ignores a table whose drafter was trained again since)
+                **({"drafter_weights": file_fingerprint(weights)} if weights.is_file() else {}),
                 "dtype": session.config.dtype, "weights": session.config.weights,
                 "shapes": {str(k): v for k, v in shapes.items()}, "by_data": by_set,
                 "how": "engine, greedy, each held-out prompt answered for its reference answer's length; "

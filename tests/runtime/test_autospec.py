@@ -80,6 +80,22 @@ def test_no_table_falls_back_and_a_bad_table_is_refused(setup):
         choose_spec(AutoSpec(), session, drafter, path)
 
 
+def test_a_table_measured_on_other_weights_is_not_used(setup):
+    """A drafter trained again into its directory keeps the old acceptance.json: the table records the
+    fingerprint of the weights it was measured on, and auto falls back (naming the fix) when they differ."""
+    from specdecode.io.paths import file_fingerprint
+
+    session, drafter, path = setup
+    weights = Path(path) / "model.safetensors"
+    write_acceptance(path, TABLE, {"samples": 3, "dtype": "float64", "weights": "native",
+                                   "drafter_weights": file_fingerprint(weights)})
+    assert choose_spec(AutoSpec(), session, drafter, path).how == "auto"
+    save_drafter(random_drafter(tiny_model(), draft_vocab_size=50, seed=3), path)  # trained again: new weights
+    stale = choose_spec(AutoSpec(), session, drafter, path)
+    assert stale.how == "fallback" and stale.config == SpecConfig()
+    assert "measured on other weights" in stale.reason and "eval-drafter --acceptance-table" in stale.reason
+
+
 def test_the_factory_decodes_with_the_choice_and_adapts_on_request(setup):
     session, drafter, path = setup
     # allow_plain=False: on this tiny random model the best shape is predicted at about 1.0x plain

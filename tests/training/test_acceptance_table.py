@@ -13,6 +13,7 @@ from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
 from specdecode.core.drafter import random_drafter
 from specdecode.io.checkpoints import read_acceptance, save_drafter
 from specdecode.io.loading import LoadedModel
+from specdecode.io.paths import file_fingerprint
 from specdecode.io.tokenizer import Tokenizer
 from specdecode.runtime.session import RuntimeConfig, Session
 from specdecode.training.dataset import DataSet
@@ -62,6 +63,7 @@ def test_each_data_set_is_an_equal_share_of_the_table(tmp_path, monkeypatch):
         assert table["per_position_accept"][topk] == pytest.approx([0.6 / (i + 1) for i in range(depth)], abs=1e-4)
         assert out["shapes"][str(topk)]["cycles"] == 3 * 10 + 3 * 30
     assert out["samples"] == 6 and out["data"] == [a, b]
+    assert out["drafter_weights"] == file_fingerprint(drafter_dir / "model.safetensors")  # what auto checks
     assert [d["samples"] for d in out["by_data"]] == [3, 3]
     assert out["by_data"][1]["per_position_accept"]["1"][0] == pytest.approx(0.4)
 
