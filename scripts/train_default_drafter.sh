@@ -82,11 +82,21 @@ $SD eval-drafter --data "$DATA" --drafter "$OUT" --depth 3 --samples "${EVAL_ENG
 
 # 4. its acceptance table (what --spec-config auto reads): the held-out answers and the unseen-prompt set, an
 # equal share each (the held-out answers alone overstate acceptance at depth: README, "Defaults chosen by measurement")
-# (measured again only for other weights: the table records the fingerprint of the weights it was measured on)
-if .venv/bin/python -c "import sys; from specdecode.runtime.autospec import acceptance_table; sys.exit(acceptance_table(sys.argv[1]) is None)" "$OUT"; then
-    echo "acceptance table: $OUT/acceptance.json was measured on these weights; not measured again" >&2
+# (measured again for other weights or data sets: the table records the fingerprint of the weights it was measured
+# on, and its data sets)
+UNSEEN=${UNSEEN:-datasets/smollm2-135m-unseen-v1}
+if .venv/bin/python - "$OUT" "$DATA" "$UNSEEN" <<'EOF'
+import sys
+from specdecode.io.checkpoints import read_acceptance
+from specdecode.runtime.autospec import acceptance_table
+out, *data = sys.argv[1:]
+table = read_acceptance(out) if acceptance_table(out) is not None else None
+sys.exit(not (table and table["measured"].get("drafter_weights") and table["measured"].get("data") == data))
+EOF
+then
+    echo "acceptance table: $OUT/acceptance.json was measured on these weights and data sets; not measured again" >&2
 else
-    $SD eval-drafter --data "$DATA" "${UNSEEN:-datasets/smollm2-135m-unseen-v1}" --drafter "$OUT" --acceptance-table \
+    $SD eval-drafter --data "$DATA" "$UNSEEN" --drafter "$OUT" --acceptance-table \
         --samples "${TABLE_SAMPLES:-40}" --dtype bfloat16 --weights "$WEIGHTS" --device "$DEVICE" --threads "$THREADS" \
         > "$OUT/acceptance-measured.json"
 fi

@@ -255,7 +255,8 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
 
 
 def predict_shape(shape: SpecConfig, session: Session, drafter: Drafter, drafter_path: str) -> Prediction | None:
-    """The cost model's prediction for any candidate shape (bench records it beside the measured)."""
+    """The cost model's prediction for any candidate shape (bench records it beside the measured); None without
+    a usable acceptance table (none, or one measured on other weights: ``stale_acceptance``)."""
     table = acceptance_table(drafter_path)
     if table is None:
         return None

@@ -47,7 +47,7 @@ def heldout_coverage(run: Path, data: str | None) -> float | None:
 
 def differing_settings(rows: list[dict]) -> list[str]:
     """The training settings that differ between the runs (the variables a comparison varies)."""
-    keys = sorted({k for r in rows for k in r["config"]} - {"out", "eval_every", "save_every"})
+    keys = sorted({k for r in rows for k in r["config"]} - {"out", "eval_every", "save_every", "eval_data"})
     return [k for k in keys if len({json.dumps(r["config"].get(k)) for r in rows}) > 1]
 
 

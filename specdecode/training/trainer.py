@@ -312,10 +312,14 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     rows = ds.samples("train")
     heldout = ds.samples("heldout")
     eval_sets = {}
-    for path in cfg.eval_data:
+    for path in cfg.eval_data:  # reported by directory name
         other = DataSet(path)
-        eval_sets[other.root.name] = (other, other.samples("heldout"), other.tokens())
-        if not eval_sets[other.root.name][1]:
+        name = other.root.resolve().name
+        if name in eval_sets:
+            raise ValueError(f"--eval-data {path}: another set is also named {name!r}; give each a directory of "
+                             f"its own name")
+        eval_sets[name] = (other, other.samples("heldout"), other.tokens())
+        if not eval_sets[name][1]:
             raise ValueError(f"--eval-data {path}: no held-out samples to evaluate on")
     if cfg.limit_samples:
         rows = rows[:cfg.limit_samples]

@@ -479,23 +479,41 @@ def test_token_alignable_loss_counts_a_step_only_where_the_earlier_steps_reached
 
 
 def test_eval_data_is_evaluated_beside_the_held_out_split_and_not_selected_on(tiny_setup):
-    """--eval-data: the same drafter at every evaluation on another data set's held-out answers. A copy of the
-    training data's held-out answers must read the same accept length as the run's own figure."""
+    """--eval-data: the same drafter at every evaluation on another data set's held-out answers, reported and kept,
+    while training and the choice of the best checkpoint stay --data's: a copy of the held-out answers reads the
+    run's own figure, another set its own, and the run trains exactly as without them."""
     import shutil
 
     model_dir, data, tmp = tiny_setup
     copy = tmp / "copy"
     shutil.copytree(data, copy)
-    out = tmp / "drafter"
-    proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "10", "--eval-data", str(copy)),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    evals = json.loads((out / "checkpoint" / "trainer_state.json").read_text())["evals"]
+    other = DataSet(tmp / "other")
+    gen = torch.Generator().manual_seed(1)
+    other.append([({"id": f"b{n:015x}", "split": "heldout", "source": "t", "mode": "greedy", "loss_ranges": [[4, 20]]},
+                   torch.randint(0, 101, (20,), generator=gen).tolist()) for n in range(8)])
+    (tmp / "other" / "manifest.json").write_text(json.dumps({"format": "specdecode-data-v1"}))
+    runs = {}
+    for name, extra in (("plain", ()), ("with", ("--eval-data", str(copy), str(tmp / "other")))):
+        out = tmp / name
+        proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "10", "--patience", "0", *extra),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        runs[name] = (out, proc, json.loads((out / "checkpoint" / "trainer_state.json").read_text())["evals"])
+    out, proc, evals = runs["with"]
     assert len(evals) == 2
     for e in evals:
         assert e["others"]["copy"]["accept_length"] == pytest.approx(e["accept_length"])
         assert e["others"]["copy"]["step_acc"] == pytest.approx(e["step_acc"])
-    assert f"; copy {evals[-1]['accept_length']:.2f}" in proc.stderr
-    missing = subprocess.run(train_cmd(model_dir, data, tmp / "d2", "--max-steps", "2", "--eval-data",
-                                       str(tmp / "absent")), capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 2 and "data build" in missing.stderr
+        assert e["others"]["other"]["accept_length"] >= 1.0
+    assert f"; copy {evals[-1]['accept_length']:.2f}; other " in proc.stderr
+    plain_out, _, plain_evals = runs["plain"]
+    assert [e["accept_length"] for e in plain_evals] == [e["accept_length"] for e in evals]
+    assert (plain_out / "training_log.jsonl").read_text() == (out / "training_log.jsonl").read_text()
+    assert all(torch.equal(a, b) for a, b in zip(load_file(str(plain_out / "model.safetensors")).values(),
+                                                 load_file(str(out / "model.safetensors")).values(), strict=True))
+    best = max(evals, key=lambda e: e["accept_length"])
+    assert json.loads((out / "config.json").read_text())["specdecode_training"]["steps"] == best["step"]
+    for bad, message in ((str(tmp / "absent"), "data build"), (str(copy) + " " + str(copy), "also named 'copy'")):
+        failed = subprocess.run(train_cmd(model_dir, data, tmp / "d2", "--max-steps", "2", "--eval-data",
+                                          *bad.split()), capture_output=True, text=True, timeout=300)
+        assert failed.returncode == 2 and message in failed.stderr, failed.stderr[-500:]
