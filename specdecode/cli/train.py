@@ -14,7 +14,7 @@ from specdecode.training.trainer import SELECT_MODES, EvalDone, StepDone, TrainC
 LOG_EVERY = 50  # steps per progress line where stderr is not a terminal
 
 INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
-              "eval_every", "save_every", "eval_samples", "patience", "align_topk")
+              "skip_samples", "eval_every", "save_every", "eval_samples", "patience", "align_topk")
 FLOAT_FIELDS = ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
                 "fc_lr_scale", "feature_noise", "min_delta")
 
@@ -25,6 +25,8 @@ FIELD_HELP = {
     "align_topk": "GRIFFIN's token-alignable loss: a draft step after the first trains only where every earlier "
                   "step had the target's token in its top ALIGN_TOPK (2: the default tree's width; 0, the "
                   "default: every position, as EAGLE-3)",
+    "skip_samples": "leave out the first N training samples (before --limit-samples), e.g. those the --init-from "
+                    "drafter was trained on, when its data set has grown since",
     "epochs": "passes over the training samples; the learning-rate schedule spans them",
 }
 

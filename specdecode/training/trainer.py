@@ -64,6 +64,9 @@ class TrainConfig:
     grad_clip: float = 0.5
     seed: int = 0
     limit_samples: int | None = None
+    # the first N training samples left out (before limit_samples), e.g. those the --init-from drafter was trained
+    # on when its data set has grown since: a continued run then spends its steps on answers it has not seen
+    skip_samples: int = 0
     eval_every: int = 200
     save_every: int = 50
     eval_samples: int = 64
@@ -321,6 +324,11 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
         eval_sets[name] = (other, other.samples("heldout"), other.tokens())
         if not eval_sets[name][1]:
             raise ValueError(f"--eval-data {path}: no held-out samples to evaluate on")
+    if cfg.skip_samples:
+        if cfg.skip_samples >= len(rows):
+            raise ValueError(f"--skip-samples {cfg.skip_samples}: {cfg.data} has only {len(rows)} training samples; "
+                             f"skip fewer")
+        rows = rows[cfg.skip_samples:]
     if cfg.limit_samples:
         rows = rows[:cfg.limit_samples]
     if not rows:
@@ -338,8 +346,9 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     aux = target.config.eagle3_aux_layer_ids
     vocab = target.config.vocab_size
 
-    # with limit_samples, the vocab from the samples actually used
-    counts = sample_token_counts(ds, rows, vocab, tokens_mm) if cfg.limit_samples else token_counts(ds, vocab)
+    # with limit_samples or skip_samples, the vocab from the samples actually used
+    subset = bool(cfg.limit_samples or cfg.skip_samples)
+    counts = sample_token_counts(ds, rows, vocab, tokens_mm) if subset else token_counts(ds, vocab)
     if cfg.init_from:
         drafter = warm_drafter(cfg.init_from, target, cfg)
         d2t, t2d = drafter.d2t.cpu(), drafter.t2d.cpu()

@@ -517,3 +517,36 @@ def test_eval_data_is_evaluated_beside_the_held_out_split_and_not_selected_on(ti
         failed = subprocess.run(train_cmd(model_dir, data, tmp / "d2", "--max-steps", "2", "--eval-data",
                                           *bad.split()), capture_output=True, text=True, timeout=300)
         assert failed.returncode == 2 and message in failed.stderr, failed.stderr[-500:]
+
+
+def test_skip_samples_trains_on_the_later_samples_only(tiny_setup):
+    """--skip-samples N leaves out the first N training samples (a continued run spends its steps on the answers
+    its --init-from drafter has not seen): the draft vocabulary is that of the samples kept, and skipping them
+    all is a clear error."""
+    import numpy as np
+
+    model_dir, data, tmp = tiny_setup
+    ds = DataSet(data)
+    train_rows, tokens = ds.samples("train"), ds.tokens()
+
+    def vocab_of(rows):
+        counts = np.zeros(101, dtype=np.int64)
+        for r in rows:
+            for a, b in r["loss_ranges"]:
+                counts += np.bincount(tokens[r["offset"] + a: r["offset"] + b], minlength=101)
+        return draft_vocab(counts, 16)[1]
+
+    out = tmp / "drafter"
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--draft-vocab-size", "16", "--skip-samples", "30",
+                                    "--limit-samples", "6", "--max-steps", "2", "--eval-every", "1000"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["samples"] == 6
+    target = load_hf_dir(model_dir, torch.float32, "cpu")
+    t2d = load_drafter(out, target).t2d.cpu()
+    assert torch.equal(t2d, vocab_of(train_rows[30:36]))
+    assert not torch.equal(t2d, vocab_of(train_rows[:6]))  # the check can tell the two apart
+    proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--skip-samples", str(len(train_rows)),
+                                    "--max-steps", "2"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and f"has only {len(train_rows)} training samples; skip fewer" in proc.stderr
