@@ -109,33 +109,32 @@ class SpecChoice:
         return f"{head}; costs {self.costs_source}; acceptance {self.acceptance_source})"
 
 
-def stale_acceptance(drafter_path: str | None) -> str | None:
-    """Why the drafter's acceptance table does not describe its weights (it records the fingerprint of the
-    weights it was measured on: a drafter trained again into the same directory keeps the old table), or None."""
+def load_acceptance(drafter_path: str | None) -> AcceptanceTable | str:
+    """The drafter's acceptance table, or why it has none that auto can use: no table, or one measured on other
+    weights than its model.safetensors (the table records their fingerprint: a drafter trained again into the same
+    directory keeps the old table). The file is read once."""
     if not drafter_path or not Path(drafter_path).is_dir():
-        return None
+        return "no drafter directory to read an acceptance table from"
     data = read_acceptance(drafter_path)
+    if data is None:
+        return f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter --acceptance-table`)"
+    m = data.get("measured", {})
     weights = Path(drafter_path) / "model.safetensors"
-    recorded = (data or {}).get("measured", {}).get("drafter_weights")
+    recorded = m.get("drafter_weights")
     if recorded and weights.is_file() and recorded != file_fingerprint(weights):
         return (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} was measured on other weights than its "
                 f"model.safetensors (measure it again with `specdecode eval-drafter --acceptance-table`)")
-    return None
-
-
-def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
-    """The drafter's acceptance table; None where it has none or the table is stale (``stale_acceptance``)."""
-    if not drafter_path or not Path(drafter_path).is_dir() or stale_acceptance(drafter_path):
-        return None
-    data = read_acceptance(drafter_path)
-    if data is None:
-        return None
-    m = data.get("measured", {})
     sets = m.get("data")
     of = f" of {len(sets)} data sets" if isinstance(sets, list) and len(sets) > 1 else ""
     source = (f"{Path(drafter_path).name}/{ACCEPTANCE_FILE} ({m.get('samples', '?')} held-out answers{of}, "
               f"{m.get('dtype', '?')}/{m.get('weights', '?')})")
     return AcceptanceTable(data["per_position_accept"], source, m.get("dtype"), m.get("weights"))
+
+
+def acceptance_table(drafter_path: str | None) -> AcceptanceTable | None:
+    """The drafter's acceptance table; None where auto cannot use one (``load_acceptance`` says why)."""
+    table = load_acceptance(drafter_path)
+    return None if isinstance(table, str) else table
 
 
 def _code_digest() -> str:
@@ -226,12 +225,9 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
         return SpecChoice(request.static(), "fallback",
                           f"tensor parallelism ({session.world_size} ranks): the ranks must decode one shape, "
                           "so SpecConfig() under the flags given")
-    table = acceptance_table(drafter_path)
-    if table is None:
-        stale = stale_acceptance(drafter_path)
-        return SpecChoice(request.static(), "fallback",
-                          (stale or f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter "
-                                    "--acceptance-table`)") + ": SpecConfig() under the flags given")
+    table = load_acceptance(drafter_path)
+    if isinstance(table, str):
+        return SpecChoice(request.static(), "fallback", table + ": SpecConfig() under the flags given")
     shapes = [s for s in candidate_shapes(request.num_draft_tokens) if request.admits(s) and table.covers(s)]
     if not shapes:
         return SpecChoice(request.static(), "fallback",
@@ -256,7 +252,7 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
 
 def predict_shape(shape: SpecConfig, session: Session, drafter: Drafter, drafter_path: str) -> Prediction | None:
     """The cost model's prediction for any candidate shape (bench records it beside the measured); None without
-    a usable acceptance table (none, or one measured on other weights: ``stale_acceptance``)."""
+    a usable acceptance table (none, or one measured on other weights: ``load_acceptance``)."""
     table = acceptance_table(drafter_path)
     if table is None:
         return None
