@@ -30,8 +30,8 @@
 # (default 4), so its rate schedule decays inside the limit (a 16k vocabulary is counted 1.2x a step). If
 # the probe fails, the runs fall back to EPOCHS under their limit. MAX_STEPS=N fixes the steps.
 # GENERATE_SECONDS=N (default 0: none): before anything else, for at most N seconds, the target answers more prompts
-# of the corpus on the device (`data build`, bf16 with native weights: the 4-bit kernel is CPU-only), the same draw
-# as DATA's (its manifest's prompt files in their order, category weights, seed, held-out percent, answer length,
+# of the corpus on the device (`data build --like DATA`, bf16 with native weights: the 4-bit kernel is CPU-only), the
+# same draw as DATA's (its manifest's prompt files in their order, category weights, seed, held-out percent, answer length,
 # sampling; a merged DATA: its first part's) grown to GEN_SAMPLE
 # prompts (default 96000), leaving out those DATA answered (--skip-from), GEN_BATCH answers at a time (default
 # 512), DATA's prompt files found in GEN_PROMPTS (default ../shared/data/prompts, with its long/). A build stopped
@@ -66,36 +66,13 @@ mkdir -p "$R" "$W"
 rm -f "$R/runs.log" "$R"/data-gen.tar.xz.[0-9]*
 if [ "${GENERATE_SECONDS:-0}" != 0 ]; then
     [[ $GENERATE_SECONDS =~ ^[0-9]+$ ]] || { echo "gpu_train.sh: GENERATE_SECONDS must be whole seconds, got '$GENERATE_SECONDS'" >&2; exit 2; }
-    # DATA's draw, grown: its manifest's settings and prompt files (their order decides the draw), found under GP
-    "$PY" - "$DATA" "${GEN_PROMPTS:-../shared/data/prompts}" > "$W/generate.args" <<'EOF' || exit 2
-import json, sys
-from pathlib import Path
-m = json.load(open(f"{sys.argv[1]}/manifest.json"))
-made = m if "seed" in m else (m.get("parts") or [{}])[0]  # a merged data set: its first part's settings
-missing = [k for k in ("seed", "heldout_percent", "max_new_tokens", "sampled_fraction", "prompt_files") if k not in made]
-if missing:
-    sys.exit(f"gpu_train.sh: {sys.argv[1]}/manifest.json lacks {', '.join(missing)}: not a data set `data build` made")
-weights = ",".join(f"{k}={v}" for k, v in (made.get("category_weights") or {}).items())
-print(f"--seed {made['seed']} --heldout-percent {made['heldout_percent']} --max-new-tokens {made['max_new_tokens']} "
-      f"--max-prompt-tokens {made.get('max_prompt_tokens', 768)} --sampled-fraction {made['sampled_fraction']} "
-      f"--temperature {made.get('temperature', 0.7)} --top-p {made.get('top_p', 0.9)}"
-      + (f" --category-weights {weights}" if weights else ""))
-root = Path(sys.argv[2])
-for f in made["prompt_files"]:
-    p = Path(f)
-    found = root / "long" / p.name if p.parent.name == "long" else root / p.name
-    if not found.is_file():
-        sys.exit(f"gpu_train.sh: {found} not found: GEN_PROMPTS must hold DATA's prompt files ({p.name})")
-    print(found)
-EOF
-    mapfile -t GEN < "$W/generate.args"
-    GEN_FLAGS=${GEN[0]}
-    echo "=== gpu_train generate ($(date -u +%H:%M:%S)): up to ${GENERATE_SECONDS}s, draw ${GEN_SAMPLE:-96000}: $GEN_FLAGS"
+    echo "=== gpu_train generate ($(date -u +%H:%M:%S)): up to ${GENERATE_SECONDS}s, $DATA's draw grown to ${GEN_SAMPLE:-96000}"
     t0=$SECONDS
-    # shellcheck disable=SC2086  # the flags split on purpose
+    # DATA's draw, grown (--like: its manifest's prompt files, found by name under GEN_PROMPTS, and settings)
     timeout -k 60 -s TERM "$GENERATE_SECONDS" "$PY" -m specdecode data build --out "$W/data-gen" --device "$DEVICE" \
         --dtype bfloat16 --weights native --compile off --batch-size "${GEN_BATCH:-512}" ${MODEL:+--model "$MODEL"} \
-        --sample "${GEN_SAMPLE:-96000}" --skip-from "$DATA" $GEN_FLAGS --prompts "${GEN[@]:1}" > "$W/generate.log" 2>&1
+        --like "$DATA" --prompts-dir "${GEN_PROMPTS:-../shared/data/prompts}" --sample "${GEN_SAMPLE:-96000}" \
+        --skip-from "$DATA" > "$W/generate.log" 2>&1
     code=$?
     echo "=== gpu_train generate: exit $code after $((SECONDS - t0))s"
     # 0: the draw answered; 124: stopped by its limit (SIGTERM: the answers finished are kept); 137: killed 60 s later

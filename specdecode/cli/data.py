@@ -10,7 +10,7 @@ import signal
 from typing import Any
 
 from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
-from specdecode.training.data import BuildProgress, DataBuildConfig
+from specdecode.training.data import LIKE_SETTINGS, BuildProgress, DataBuildConfig, settings_like
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,28 +24,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "resumable on-disk data set with a held-out split.")
     d = DataBuildConfig(out="", prompts=())
     p.add_argument("--out", required=True, help="data directory (created, or resumed if it exists)")
-    p.add_argument("--prompts", nargs="+", required=True,
+    p.add_argument("--prompts", nargs="+", default=None,
                    help="prompt files: self-instruct seed tasks, user-oriented instructions, or jsonl with "
-                        "'prompt' / 'instruction' / 'messages' (Spec-Bench is refused)")
-    p.add_argument("--sample", type=int, default=d.sample, metavar="N",
+                        "'prompt' / 'instruction' / 'messages' (Spec-Bench is refused); required unless --like")
+    p.add_argument("--like", default=None, metavar="DATA",
+                   help="the draw and generation settings of this data set (its manifest's prompt files in their "
+                        "order, --sample, --category-weights, answer and prompt lengths, sampling, held-out percent, "
+                        "seed; a merged set: its first part's); flags given as well win. With a larger --sample and "
+                        "--skip-from DATA it answers more of the same draw, e.g. on another machine")
+    p.add_argument("--prompts-dir", default=None, metavar="DIR",
+                   help="with --like: look up DATA's prompt files by name in DIR (long/ ones in DIR/long), where "
+                        "the corpus lies elsewhere than its manifest says")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
                    help="draw N prompts from the files, an equal share per category (the files' 'category' field; "
                         "a category with fewer prompts gives its rest to the others); default: every prompt")
-    p.add_argument("--category-weights", type=parse_weights, default=d.category_weights, metavar="CAT=W,...",
+    p.add_argument("--category-weights", type=parse_weights, default=None, metavar="CAT=W,...",
                    help="with --sample: each category's share relative to 1.0 (unnamed categories), e.g. "
                         "general=2,coding=2,classification=0.5; 0 leaves a category out")
     p.add_argument("--bootstrap", type=int, default=d.bootstrap, help="new instructions to bootstrap with the target")
     p.add_argument("--limit", type=int, default=d.limit, help="stop at this many samples in total")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"default: {d.max_new_tokens}")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help=f"default: {d.max_prompt_tokens}")
     p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help=f"answers generated together (continuous batching: a finished answer's slot takes the "
                         f"next prompt; saved every this many answers; default: {d.batch_size})")
-    p.add_argument("--sampled-fraction", type=float, default=d.sampled_fraction,
-                   help="share of responses sampled (the rest greedy)")
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--top-p", type=float, default=d.top_p)
-    p.add_argument("--heldout-percent", type=float, default=d.heldout_percent)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--sampled-fraction", type=float, default=None,
+                   help=f"share of responses sampled (the rest greedy); default: {d.sampled_fraction}")
+    p.add_argument("--temperature", type=float, default=None, help=f"default: {d.temperature}")
+    p.add_argument("--top-p", type=float, default=None, help=f"default: {d.top_p}")
+    p.add_argument("--heldout-percent", type=float, default=None, help=f"default: {d.heldout_percent}")
+    p.add_argument("--seed", type=int, default=None, help=f"default: {d.seed}")
     p.add_argument("--skip-from", nargs="+", default=list(d.skip_from), metavar="DATA",
                    help="data sets whose prompts are not answered again: a new data set over a larger draw holds "
                         "only new prompts (then `specdecode data merge` the two)")
@@ -135,12 +143,18 @@ def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
 
 
 def build_config(args: argparse.Namespace) -> DataBuildConfig:
-    return DataBuildConfig(
-        out=args.out, prompts=tuple(args.prompts), sample=args.sample, category_weights=args.category_weights,
-        bootstrap=args.bootstrap, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens, batch_size=args.batch_size,
-        sampled_fraction=args.sampled_fraction, temperature=args.temperature, top_p=args.top_p,
-        heldout_percent=args.heldout_percent, seed=args.seed, skip_from=tuple(args.skip_from))
+    """The flags given, then --like's settings, then DataBuildConfig's defaults."""
+    if args.prompts_dir and not args.like:
+        raise ValueError("--prompts-dir looks up the prompt files of --like DATA: give --like, or list --prompts")
+    like = settings_like(args.like, args.prompts_dir) if args.like else {}
+    given = {k: getattr(args, k) for k in (*LIKE_SETTINGS, "prompts") if getattr(args, k) is not None}
+    fields = like | given
+    if "prompts" not in fields:
+        raise ValueError("data build needs prompt files: --prompts FILE... (or --like DATA, a data set whose "
+                         "prompt files and settings to use)")
+    fields["prompts"] = tuple(fields["prompts"])
+    return DataBuildConfig(out=args.out, bootstrap=args.bootstrap, limit=args.limit, batch_size=args.batch_size,
+                           skip_from=tuple(args.skip_from), **fields)
 
 
 class BuildDisplay:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from specdecode.core.batching import BatchConfig, generate_all
 from specdecode.core.engine import GenerateOptions
@@ -313,6 +314,48 @@ def check_resume(old: dict, new: dict, out: str) -> None:
         raise ValueError(f"{out} was built with other settings ({'; '.join(differ)}): its answers and these would "
                          f"mix under one manifest. Resume with its settings, or build a new --out (with --skip-from "
                          f"{out} to leave its prompts out) and join the two with `specdecode data merge`")
+
+
+# the draw and generation settings ``settings_like`` copies from a data set's manifest (DataBuildConfig fields)
+LIKE_SETTINGS = ("sample", "category_weights", "max_new_tokens", "max_prompt_tokens", "sampled_fraction",
+                 "temperature", "top_p", "heldout_percent", "seed")
+
+
+def settings_like(data: str | Path, prompts_dir: str | Path | None = None) -> dict[str, Any]:
+    """The draw and generation settings of the data set at ``data`` (a merged one: its first part's), as
+    DataBuildConfig fields with its prompt files in their order (the order decides the draw): a build with them and
+    a larger ``sample`` answers more of the same draw (with ``skip_from=(data,)``: only the new prompts). With
+    ``prompts_dir``, each prompt file is looked up there by name (a file under a ``long/`` directory under its
+    ``long/``), for a machine where the corpus lies elsewhere. The target's format (dtype, weights) is not copied:
+    the build's own flags decide it."""
+    path = Path(data) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--like {data}: no data set there ({path} is missing)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--like {data}: {path} is not valid JSON ({e})") from None
+    made = manifest if "seed" in manifest else (manifest.get("parts") or [{}])[0]
+    missing = [k for k in ("prompt_files", "seed", "heldout_percent", "max_new_tokens", "sampled_fraction")
+               if k not in made]
+    if missing:
+        raise ValueError(f"--like {data}: its manifest lacks {', '.join(missing)}: not a data set `specdecode data "
+                         f"build` made; give the settings as flags instead")
+    defaults = DataBuildConfig(out="", prompts=())
+    out: dict[str, Any] = {k: made.get(k, getattr(defaults, k)) for k in LIKE_SETTINGS}
+    out["category_weights"] = tuple((str(k), float(v)) for k, v in (made.get("category_weights") or {}).items())
+    prompts = []
+    for f in made["prompt_files"]:
+        p = Path(f)
+        if prompts_dir is not None:
+            p = Path(prompts_dir) / ("long" if p.parent.name == "long" else "") / p.name
+        if not p.is_file():
+            where = f"under --prompts-dir {prompts_dir}" if prompts_dir is not None else "where its manifest says"
+            raise ValueError(f"--like {data}: its prompt file {p.name} is not {where} ({p}); give --prompts-dir, "
+                             f"the directory that holds the corpus's prompt files")
+        prompts.append(str(p))
+    out["prompts"] = tuple(prompts)
+    return out
 
 
 def manifest_of(session: Session, cfg: DataBuildConfig) -> dict:

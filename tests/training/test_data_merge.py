@@ -130,6 +130,16 @@ def test_build_skips_prompts_of_another_set_and_refuses_other_settings(tmp_path)
     assert missing.returncode == 2 and "--skip-from" in missing.stderr and not (tmp_path / "c").exists()
     merged = merge([a.root, b.root], tmp_path / "m")
     assert merged["samples"] == 5 and np.asarray(DataSet(tmp_path / "m").tokens()).max() < 49152
+    # --like reads back what a build's manifest records: the same draw and settings, without the flags
+    like = subprocess.run([sys.executable, "-m", "specdecode", "data", "build", "--like", str(tmp_path / "a"),
+                           "--out", str(tmp_path / "l"), "--limit", "1", "--batch-size", "4", "--dtype", "bfloat16",
+                           "--weights", "q4", "--compile", "off", "--threads", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert like.returncode == 0, like.stderr[-2000:]
+    made, copied = a.manifest(), DataSet(tmp_path / "l").manifest()
+    for key in ("prompt_files", "sample", "max_new_tokens", "max_prompt_tokens", "sampled_fraction", "temperature",
+                "top_p", "heldout_percent", "seed"):
+        assert copied[key] == made[key], key
 
 
 @pytest.mark.model
@@ -212,3 +222,54 @@ def test_an_append_finishes_before_sigterm_is_handled(tmp_path, monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, before)
     assert [r["id"] for r in ds.index()] == ["t1"] and list(ds.tokens()) == [1, 2, 3]
+
+
+def test_build_like_takes_a_data_sets_draw_and_the_flags_given_win(tmp_path, monkeypatch, capsys):
+    """`data build --like DATA`: DATA's prompt files (looked up by name under --prompts-dir when given, long/ kept)
+    and settings (a merged set: its first part's); flags given as well win; clear errors otherwise."""
+    from specdecode.cli.main import main
+    from specdecode.runtime import session as session_module
+    from specdecode.training import data
+
+    corpus = tmp_path / "corpus"
+    (corpus / "long").mkdir(parents=True)
+    for f in (corpus / "a.jsonl", corpus / "long" / "a.jsonl"):
+        f.write_text(json.dumps({"prompt": "Say hi."}) + "\n")
+    made = {"format": "specdecode-data-v1", "prompt_files": [str(corpus / "a.jsonl"), str(corpus / "long/a.jsonl")],
+            "sample": 48, "category_weights": {"coding": 2.0, "general": 0.5}, "max_new_tokens": 200,
+            "max_prompt_tokens": 512, "sampled_fraction": 0.25, "temperature": 0.6, "top_p": 0.8,
+            "heldout_percent": 4.0, "seed": 7, "dtype": "bfloat16", "weights": "q4"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(made))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps({"status": "merged", "parts": [made | {"seed": 9}]}))
+    seen = []
+    monkeypatch.setattr(session_module, "start", lambda *a, **k: None)
+    monkeypatch.setattr(data, "build", lambda cfg, session, on_progress=None: seen.append(cfg) or {})
+
+    def build(*flags):
+        return main(["data", "build", "--out", str(tmp_path / "out"), *flags])
+
+    assert build("--like", str(tmp_path / "a"), "--sample", "96", "--top-p", "0.95") == 0
+    cfg = seen[-1]
+    assert cfg.prompts == (str(corpus / "a.jsonl"), str(corpus / "long/a.jsonl"))
+    assert (cfg.sample, cfg.top_p) == (96, 0.95)  # given
+    assert cfg.category_weights == (("coding", 2.0), ("general", 0.5))
+    assert (cfg.max_new_tokens, cfg.max_prompt_tokens, cfg.sampled_fraction, cfg.temperature, cfg.heldout_percent,
+            cfg.seed) == (200, 512, 0.25, 0.6, 4.0, 7)
+    moved = tmp_path / "elsewhere"
+    corpus.rename(moved)
+    assert build("--like", str(tmp_path / "m"), "--prompts-dir", str(moved)) == 0
+    assert seen[-1].prompts == (str(moved / "a.jsonl"), str(moved / "long" / "a.jsonl")) and seen[-1].seed == 9
+    assert build("--prompts", "p.jsonl") == 0  # no --like: DataBuildConfig's defaults
+    assert seen[-1].seed == data.DataBuildConfig(out="", prompts=()).seed and seen[-1].category_weights == ()
+    capsys.readouterr()
+    calls = len(seen)
+    assert build("--like", str(tmp_path / "a")) == 2  # its files are no longer where the manifest says
+    assert "a.jsonl is not where its manifest says" in capsys.readouterr().err
+    assert build("--like", str(tmp_path / "nothing")) == 2
+    assert "no data set there" in capsys.readouterr().err
+    assert build() == 2 and "--prompts FILE" in capsys.readouterr().err
+    assert build("--prompts", "p.jsonl", "--prompts-dir", str(moved)) == 2
+    assert "give --like" in capsys.readouterr().err
+    assert len(seen) == calls  # nothing was built
