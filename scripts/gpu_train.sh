@@ -78,6 +78,9 @@ if [ "${GENERATE_SECONDS:-0}" != 0 ]; then
     # 0: the draw answered; 124: stopped by its limit (SIGTERM: the answers finished are kept); 137: killed 60 s later
     case $code in 0|124) ;; *) echo "=== gpu_train generate FAILED (exit $code): its log's tail below" ;; esac
     tail -n 3 "$W/generate.log"
+    # exit 2: refused before generating (DATA's manifest, its prompt files not under GEN_PROMPTS): stop here, rather
+    # than spend the device's time training on DATA alone
+    [ "$code" = 2 ] && { echo "gpu_train.sh: data build --like $DATA refused (above); fix it, or GENERATE_SECONDS=0" >&2; exit 2; }
     { echo "=== generate"; cat "$W/generate.log"; } >> "$R/runs.log"
     if [ -s "$W/data-gen/index.jsonl" ]; then
         rm -rf "$W/data-merged"

@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--like", default=None, metavar="DATA",
                    help="the draw and generation settings of this data set (its manifest's prompt files in their "
                         "order, --sample, --category-weights, answer and prompt lengths, sampling, held-out percent, "
-                        "seed; a merged set: its first part's); flags given as well win. With a larger --sample and "
-                        "--skip-from DATA it answers more of the same draw, e.g. on another machine")
+                        "seed; a merged set: its first part's; not its own --skip-from); flags given as well win. With "
+                        "a larger --sample and --skip-from DATA it answers more of the same draw, e.g. on another "
+                        "machine")
     p.add_argument("--prompts-dir", default=None, metavar="DIR",
                    help="with --like: look up DATA's prompt files by name in DIR (long/ ones in DIR/long), where "
                         "the corpus lies elsewhere than its manifest says")

@@ -113,10 +113,8 @@ def load_acceptance(drafter_path: str | None) -> AcceptanceTable | str:
     """The drafter's acceptance table, or why it has none that auto can use: no table, or one measured on other
     weights than its model.safetensors (the table records their fingerprint: a drafter trained again into the same
     directory keeps the old table). The file is read once."""
-    if not drafter_path or not Path(drafter_path).is_dir():
-        return "no drafter directory to read an acceptance table from"
-    data = read_acceptance(drafter_path)
-    if data is None:
+    data = read_acceptance(drafter_path) if drafter_path and Path(drafter_path).is_dir() else None
+    if drafter_path is None or data is None:  # no file, or no drafter directory (a random drafter)
         return f"the drafter has no {ACCEPTANCE_FILE} (make one with `specdecode eval-drafter --acceptance-table`)"
     m = data.get("measured", {})
     weights = Path(drafter_path) / "model.safetensors"

@@ -60,7 +60,7 @@ def load_checkpoint(path: Path, drafter: Eagle3Drafter, opt: torch.optim.Optimiz
         opt_tensors = load_file(str(path / "optimizer.safetensors"))
     except Exception as e:  # corrupt JSON or safetensors
         raise ValueError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e}); delete it to start over") from None
-    saved_cfg = state.get("config", {})
+    saved_cfg = {"skip_samples": 0} | state.get("config", {})  # checkpoints from before --skip-samples skipped none
     for key in RESUME_KEYS:
         if key in saved_cfg and saved_cfg[key] != settings[key]:
             raise ValueError(f"{path}: checkpoint was made with {key}={saved_cfg[key]!r}, this run has "

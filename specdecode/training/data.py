@@ -327,7 +327,7 @@ def settings_like(data: str | Path, prompts_dir: str | Path | None = None) -> di
     a larger ``sample`` answers more of the same draw (with ``skip_from=(data,)``: only the new prompts). With
     ``prompts_dir``, each prompt file is looked up there by name (a file under a ``long/`` directory under its
     ``long/``), for a machine where the corpus lies elsewhere. The target's format (dtype, weights) is not copied:
-    the build's own flags decide it."""
+    the build's own flags decide it; nor is DATA's own ``skip_from`` (paths of another machine, perhaps)."""
     path = Path(data) / "manifest.json"
     try:
         manifest = json.loads(path.read_text())
@@ -335,7 +335,9 @@ def settings_like(data: str | Path, prompts_dir: str | Path | None = None) -> di
         raise ValueError(f"--like {data}: no data set there ({path} is missing)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--like {data}: {path} is not valid JSON ({e})") from None
-    made = manifest if "seed" in manifest else (manifest.get("parts") or [{}])[0]
+    made = manifest
+    while "seed" not in made and made.get("parts"):  # a merged set (perhaps merged again): its first part's
+        made = made["parts"][0]
     missing = [k for k in ("prompt_files", "seed", "heldout_percent", "max_new_tokens", "sampled_fraction")
                if k not in made]
     if missing:

@@ -108,6 +108,9 @@ class TrainConfig:
             raise ValueError(f"align_topk={self.align_topk}: give 0 (train every position) or the draft's top-k")
         if self.patience < 0:
             raise ValueError(f"patience={self.patience}: give 0 (run every epoch) or a number of evaluations")
+        if self.skip_samples < 0 or (self.limit_samples or 0) < 0:
+            raise ValueError(f"skip_samples={self.skip_samples}, limit_samples={self.limit_samples}: give numbers of "
+                             f"samples >= 0")
 
     @property
     def eval_settings(self) -> EvalSettings:

@@ -110,7 +110,8 @@ def test_build_skips_prompts_of_another_set_and_refuses_other_settings(tmp_path)
     prompts.write_text("".join(json.dumps({"prompt": f"Name one fact about {t}."}) + "\n" for t in topics))
     build = [sys.executable, "-m", "specdecode", "data", "build", "--prompts", str(prompts), "--max-new-tokens", "3",
              "--batch-size", "4", "--sampled-fraction", "0", "--dtype", "bfloat16", "--weights", "q4",
-             "--compile", "off", "--threads", "1"]
+             "--compile", "off", "--threads", "1", "--seed", "3", "--heldout-percent", "10", "--sample", "5",
+             "--max-prompt-tokens", "500", "--temperature", "0.5", "--top-p", "0.8"]
     first = subprocess.run(build + ["--out", str(tmp_path / "a"), "--limit", "2"], capture_output=True, text=True,
                            timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -120,7 +121,7 @@ def test_build_skips_prompts_of_another_set_and_refuses_other_settings(tmp_path)
     a, b = DataSet(tmp_path / "a"), DataSet(tmp_path / "b")
     ids_a, ids_b = {r["id"] for r in a.index()}, {r["id"] for r in b.index()}
     assert len(ids_a) == 2 and len(ids_b) == 3 and not ids_a & ids_b
-    assert b.manifest()["skip_from"] == [str(tmp_path / "a")] and b.manifest()["max_prompt_tokens"] == 768
+    assert b.manifest()["skip_from"] == [str(tmp_path / "a")] and b.manifest()["max_prompt_tokens"] == 500
     other = subprocess.run(build + ["--out", str(tmp_path / "a"), "--max-new-tokens", "5"], capture_output=True,
                            text=True, timeout=300)
     assert other.returncode == 2 and "max_new_tokens 3 -> 5" in other.stderr and "data merge" in other.stderr
@@ -138,8 +139,9 @@ def test_build_skips_prompts_of_another_set_and_refuses_other_settings(tmp_path)
     assert like.returncode == 0, like.stderr[-2000:]
     made, copied = a.manifest(), DataSet(tmp_path / "l").manifest()
     for key in ("prompt_files", "sample", "max_new_tokens", "max_prompt_tokens", "sampled_fraction", "temperature",
-                "top_p", "heldout_percent", "seed"):
-        assert copied[key] == made[key], key
+                "top_p", "heldout_percent", "seed", "category_weights"):
+        assert copied.get(key) == made.get(key), key
+    assert (made["seed"], made["sample"], made["max_prompt_tokens"]) == (3, 5, 500)  # not the defaults
 
 
 @pytest.mark.model
@@ -226,46 +228,66 @@ def test_an_append_finishes_before_sigterm_is_handled(tmp_path, monkeypatch):
 
 def test_build_like_takes_a_data_sets_draw_and_the_flags_given_win(tmp_path, monkeypatch, capsys):
     """`data build --like DATA`: DATA's prompt files (looked up by name under --prompts-dir when given, long/ kept)
-    and settings (a merged set: its first part's); flags given as well win; clear errors otherwise."""
+    and settings (a merged set, merged again or not: its first part's); flags given as well win; clear errors
+    otherwise."""
+    import signal
+
     from specdecode.cli.main import main
     from specdecode.runtime import session as session_module
     from specdecode.training import data
 
     corpus = tmp_path / "corpus"
     (corpus / "long").mkdir(parents=True)
-    for f in (corpus / "a.jsonl", corpus / "long" / "a.jsonl"):
+    for f in (corpus / "a.jsonl", corpus / "long" / "a.jsonl", corpus / "b.jsonl"):
         f.write_text(json.dumps({"prompt": "Say hi."}) + "\n")
-    made = {"format": "specdecode-data-v1", "prompt_files": [str(corpus / "a.jsonl"), str(corpus / "long/a.jsonl")],
+    made = {"format": "specdecode-data-v1", "model_fingerprint": "f", "chat_template_sha": "t",
+            "prompt_files": [str(corpus / "long/a.jsonl"), str(corpus / "a.jsonl")],  # not sorted: order is the draw's
             "sample": 48, "category_weights": {"coding": 2.0, "general": 0.5}, "max_new_tokens": 200,
             "max_prompt_tokens": 512, "sampled_fraction": 0.25, "temperature": 0.6, "top_p": 0.8,
             "heldout_percent": 4.0, "seed": 7, "dtype": "bfloat16", "weights": "q4"}
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "manifest.json").write_text(json.dumps(made))
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "manifest.json").write_text(json.dumps({"status": "merged", "parts": [made | {"seed": 9}]}))
+
+    def data_set(name, manifest, ids):
+        ds = DataSet(tmp_path / name)
+        ds.append([({"id": i, "split": "train", "source": "t", "mode": "greedy", "loss_ranges": [[1, 3]]}, [1, 2, 3])
+                   for i in ids])
+        ds.write_manifest(manifest)
+        return ds.root
+
+    a = data_set("a", made, ["a1"])
+    b = data_set("b", made | {"seed": 9, "prompt_files": [str(corpus / "b.jsonl")]}, ["b1"])
+    c = data_set("c", made | {"seed": 11}, ["c1"])
+    merge([a, b], tmp_path / "m")
+    merge([tmp_path / "m", c], tmp_path / "mm")  # merged again: its first part is itself merged
+    assert "seed" not in DataSet(tmp_path / "mm").manifest()
     seen = []
     monkeypatch.setattr(session_module, "start", lambda *a, **k: None)
     monkeypatch.setattr(data, "build", lambda cfg, session, on_progress=None: seen.append(cfg) or {})
+    before = signal.getsignal(signal.SIGTERM)  # the CLI's build installs its own handler
 
     def build(*flags):
-        return main(["data", "build", "--out", str(tmp_path / "out"), *flags])
+        try:
+            return main(["data", "build", "--out", str(tmp_path / "out"), *flags])
+        finally:
+            signal.signal(signal.SIGTERM, before)
 
-    assert build("--like", str(tmp_path / "a"), "--sample", "96", "--top-p", "0.95") == 0
+    assert build("--like", str(a), "--sample", "96", "--top-p", "0.95") == 0
     cfg = seen[-1]
-    assert cfg.prompts == (str(corpus / "a.jsonl"), str(corpus / "long/a.jsonl"))
+    assert cfg.prompts == (str(corpus / "long/a.jsonl"), str(corpus / "a.jsonl"))
     assert (cfg.sample, cfg.top_p) == (96, 0.95)  # given
     assert cfg.category_weights == (("coding", 2.0), ("general", 0.5))
     assert (cfg.max_new_tokens, cfg.max_prompt_tokens, cfg.sampled_fraction, cfg.temperature, cfg.heldout_percent,
             cfg.seed) == (200, 512, 0.25, 0.6, 4.0, 7)
     moved = tmp_path / "elsewhere"
     corpus.rename(moved)
-    assert build("--like", str(tmp_path / "m"), "--prompts-dir", str(moved)) == 0
-    assert seen[-1].prompts == (str(moved / "a.jsonl"), str(moved / "long" / "a.jsonl")) and seen[-1].seed == 9
+    for merged in ("m", "mm"):
+        assert build("--like", str(tmp_path / merged), "--prompts-dir", str(moved), "--seed", "3") == 0
+        assert seen[-1].prompts == (str(moved / "long" / "a.jsonl"), str(moved / "a.jsonl"))  # a's files, in order
+        assert (seen[-1].seed, seen[-1].max_new_tokens) == (3, 200)
     assert build("--prompts", "p.jsonl") == 0  # no --like: DataBuildConfig's defaults
     assert seen[-1].seed == data.DataBuildConfig(out="", prompts=()).seed and seen[-1].category_weights == ()
     capsys.readouterr()
     calls = len(seen)
-    assert build("--like", str(tmp_path / "a")) == 2  # its files are no longer where the manifest says
+    assert build("--like", str(a)) == 2  # its files are no longer where the manifest says
     assert "a.jsonl is not where its manifest says" in capsys.readouterr().err
     assert build("--like", str(tmp_path / "nothing")) == 2
     assert "no data set there" in capsys.readouterr().err

@@ -547,6 +547,21 @@ def test_skip_samples_trains_on_the_later_samples_only(tiny_setup):
     t2d = load_drafter(out, target).t2d.cpu()
     assert torch.equal(t2d, vocab_of(train_rows[30:36]))
     assert not torch.equal(t2d, vocab_of(train_rows[:6]))  # the check can tell the two apart
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--draft-vocab-size", "16", "--skip-samples", "31",
+                                    "--limit-samples", "6", "--max-steps", "3", "--eval-every", "1000"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "skip_samples=30, this run has 31" in proc.stderr  # resumes only as it began
+    alone = tmp / "alone"  # --skip-samples without --limit-samples: the vocabulary of every sample after the first N
+    proc = subprocess.run(train_cmd(model_dir, data, alone, "--draft-vocab-size", "16", "--skip-samples", "30",
+                                    "--max-steps", "1", "--eval-every", "1000"), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["samples"] == len(train_rows) - 30
+    vocab = load_drafter(alone, target).t2d.cpu()
+    assert torch.equal(vocab, vocab_of(train_rows[30:])) and not torch.equal(vocab, vocab_of(train_rows))
     proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--skip-samples", str(len(train_rows)),
                                     "--max-steps", "2"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and f"has only {len(train_rows)} training samples; skip fewer" in proc.stderr
+    proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--skip-samples", "-1", "--max-steps", "2"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "give numbers of samples >= 0" in proc.stderr
