@@ -159,12 +159,17 @@ def build_config(args: argparse.Namespace) -> DataBuildConfig:
 
 
 class BuildDisplay:
-    """``build``'s progress on stderr: the seed count, a status line while bootstrapping, a bar while generating."""
+    """``build``'s progress on stderr: the seed count, a status line while bootstrapping, a bar while generating;
+    where stderr is not a terminal (a build of hours in the background, its log a file), a line at most every
+    ``every`` seconds instead of a bar, which draws nothing there."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Any = None, every: float = 60.0) -> None:
         from rich.console import Console
 
-        self.console = Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=True)
+        self.lines = not self.console.is_terminal
+        self.every = every
+        self.last_line = -math.inf
         self.status: Any = None
         self.progress: Any = None
         self.task: Any = None
@@ -182,9 +187,15 @@ class BuildDisplay:
             self._stop_status()
             self.console.print(f"bootstrapped {ev.done} new instructions in {ev.seconds:.0f} s")
         elif ev.stage == "generate":
+            rate = f"{ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
+            if self.lines:
+                if ev.seconds - self.last_line >= self.every or ev.done == ev.total:
+                    self.last_line = ev.seconds
+                    self.console.print(f"generated {ev.done}/{ev.total} answers in {ev.seconds:.0f} s"
+                                       + (f", {rate}" if rate else ""))
+                return
             if self.progress is None:
                 self._start_bar(ev.total)
-            rate = f"{ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
             self.progress.update(self.task, completed=ev.done, rate=rate)
 
     def _start_bar(self, total: int) -> None:

@@ -83,7 +83,9 @@ class TrainDisplay:
         from rich.console import Console
 
         self.cfg = cfg
-        self.console = Console(stderr=True)
+        # soft_wrap: a line is one line in a log file too (rich wraps at 80 columns where stderr is no terminal;
+        # gpu_train.sh's probe reads the progress lines)
+        self.console = Console(stderr=True, soft_wrap=True)
         self.progress: Any = None
         self.task: Any = None
         # Where stderr is a file (a long run in the background), a line every LOG_EVERY steps instead

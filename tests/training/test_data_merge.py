@@ -295,3 +295,24 @@ def test_build_like_takes_a_data_sets_draw_and_the_flags_given_win(tmp_path, mon
     assert build("--prompts", "p.jsonl", "--prompts-dir", str(moved)) == 2
     assert "give --like" in capsys.readouterr().err
     assert len(seen) == calls  # nothing was built
+
+
+def test_a_build_in_the_background_logs_a_line_a_minute():
+    """Where stderr is a file (a build of hours under nohup), a line at most every minute and at the end, each one
+    line however long, instead of a bar that draws nothing there."""
+    import io
+
+    from rich.console import Console
+
+    from specdecode.cli.data import BuildDisplay
+    from specdecode.training.data import BuildProgress
+
+    out = io.StringIO()
+    display = BuildDisplay(Console(file=out, soft_wrap=True), every=60)
+    for done, seconds in ((0, 0.0), (64, 30.0), (128, 61.0), (192, 90.0), (256, 125.0), (300, 140.0)):
+        display(BuildProgress("generate", done, 300, new_tokens=done * 200, seconds=seconds))
+    display.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split(" answers")[0] for line in lines] == [
+        "generated 0/300", "generated 128/300", "generated 256/300", "generated 300/300"]
+    assert lines[-1] == "generated 300/300 answers in 140 s, 429 new tok/s"

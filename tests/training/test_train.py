@@ -61,7 +61,8 @@ def test_train_writes_eagle3_checkpoint_that_the_engine_loads(tiny_setup):
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and all(len(r["acc"]) == 3 for r in log)
     # stderr is a pipe, not a terminal: progress comes as lines (every 50 steps and at the last)
-    assert "step 6/6: loss" in proc.stderr and "s/step" in proc.stderr, proc.stderr
+    assert any(line.startswith("step 6/6: loss") and line.endswith("s/step") for line in proc.stderr.splitlines()), \
+        proc.stderr  # one line, though longer than 80 columns
 
 
 def test_kill_and_resume_gives_the_same_result(tiny_setup):
