@@ -14,7 +14,9 @@
 # RUNS picks and orders them (default: all below); RUN_SECONDS caps each (default 120: the four fit one
 # 600-second device call); EPOCHS caps each schedule (default 6; the schedule spans it, so a run cut by its
 # limit has not decayed its rate: raise RUN_SECONDS or lower EPOCHS for a finished schedule).
-#   continue     the shipped drafter continued (its 8k vocabulary), lr 3e-4: v5's recipe with more epochs
+#   continue     the shipped drafter continued (its 8k vocabulary), lr 3e-4: v5's recipe with more epochs; with
+#                CONTINUE_SKIP=N only the training samples after the first N (--skip-samples; 19331: the answers
+#                of data v5 that drafter v6 did not see)
 #   scratch      from the target's warm start, vocabulary 8192, lr 1e-3 (the v3 recipe)
 #   vocab16k     as scratch with a draft vocabulary of 16384 (issue 25's first recipe question)
 #   align        as vocab16k with GRIFFIN's token-alignable loss (--align-topk 2)
@@ -105,7 +107,7 @@ flags() {  # the recipe of a run; RUN-N trains on the first N training samples (
     local base=${1%%-[0-9]*} limit=
     [ "$base" = "$1" ] || limit="--limit-samples ${1##*-}"
     case $base in
-        continue) echo "--init-from $SHIPPED --draft-vocab-size 8192 --lr 3e-4 $limit" ;;
+        continue) echo "--init-from $SHIPPED --draft-vocab-size 8192 --lr 3e-4 $limit ${CONTINUE_SKIP:+--skip-samples $CONTINUE_SKIP}" ;;
         scratch) echo "--draft-vocab-size 8192 --lr 1e-3 $limit" ;;
         vocab16k) echo "--draft-vocab-size 16384 --lr 1e-3 $limit" ;;
         align) echo "--draft-vocab-size 16384 --lr 1e-3 --align-topk 2 $limit" ;;
