@@ -189,7 +189,6 @@ class BuildDisplay:
             self._stop_status()
             self.console.print(f"bootstrapped {ev.done} new instructions in {ev.seconds:.0f} s")
         elif ev.stage == "generate":
-            rate = f"{ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
             if self.lines:
                 self.unsaid = ev
                 if ev.seconds - self.last_line >= self.every or ev.done == ev.total:
@@ -197,12 +196,17 @@ class BuildDisplay:
                 return
             if self.progress is None:
                 self._start_bar(ev.total)
-            self.progress.update(self.task, completed=ev.done, rate=rate)
+            self.progress.update(self.task, completed=ev.done, rate=self._rate(ev))
+
+    @staticmethod
+    def _rate(ev: BuildProgress) -> str:
+        return f"{ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
 
     def _say(self, ev: BuildProgress) -> None:
         self.last_line, self.unsaid = ev.seconds, None
-        rate = f", {ev.new_tokens / ev.seconds:.0f} new tok/s" if ev.seconds else ""
-        self.console.print(f"generated {ev.done}/{ev.total} answers in {ev.seconds:.0f} s{rate}")
+        rate = self._rate(ev)
+        self.console.print(f"generated {ev.done}/{ev.total} answers in {ev.seconds:.0f} s"
+                           + (f", {rate}" if rate else ""))
 
     def _start_bar(self, total: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
