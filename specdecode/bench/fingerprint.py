@@ -161,10 +161,12 @@ def git_commit() -> str | None:
 
 def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_paths=(),
             launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1,
-            weights: str = "native", kernels: dict | None = None, compiled: str | None = None) -> dict:
+            weights: str = "native", kernels: dict | None = None, compiled: str | None = None,
+            activations: str | None = None) -> dict:
     """Everything a tok/s figure depends on besides the code path chosen by the flags.
     ``tensor_parallel``: the ranks sharing the model (``Session.world_size``); ``weights``: the
-    weight format (``core.quant``); ``kernels``: the linear kernels installed (``core.kernels.KernelPlan``);
+    weight format (``core.quant``); ``activations``: how quantized layers quantize activations
+    (``core.quant.ACTIVATIONS``); ``kernels``: the linear kernels installed (``core.kernels.KernelPlan``);
     ``compiled``: whether the target's steps run compiled, and why (``runtime.compiling``; a bench method's
     ``compile=`` is recorded with its rows)."""
     import torch
@@ -180,6 +182,7 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
         "interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
         "weights": weights,
+        "activations": activations,
         "kernels": kernels,
         "compiled": compiled,
         "device": device,
@@ -259,6 +262,7 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
     view: dict[str, tuple[object, int, str]] = {
         "dtype": (fp.get("dtype"), 3, "kernels and bytes moved per token"),
         "weight format": (fp.get("weights", "native"), 3, "kernels and bytes moved per token"),
+        "activations": (fp.get("activations"), 3, "quantized activations: numbers and speed"),
         "linear kernels": (_kernel_choice(fp.get("kernels")), 2, "matmul kernel per weight shape and row count"),
         "compiled steps": (fp.get("compiled"), 3, "compiled or eager decode/verify steps"),
         "device": (fp.get("device"), 3, "different hardware"),

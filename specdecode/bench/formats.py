@@ -1,5 +1,5 @@
 """Weight formats and dtypes side by side (``specdecode formats``): for each
-``dtype:weights[:kernels]`` triple, the cost of one target forward over k tokens (k = 1 is a
+``dtype:weights[:kernels[:activations]]`` format, the cost of one target forward over k tokens (k = 1 is a
 decode step, larger k a verify), held-out perplexity, top-1 agreement with the first
 (reference) format on the same text, and greedy agreement with it on real prompts. Timings
 interleave the formats (every format at one k before the next k), all models loaded at once,
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from specdecode.core.engine import Engine, GenerateOptions
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.model import Transformer
+from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start
 from specdecode.runtime.weights import WEIGHT_FORMATS
@@ -26,20 +27,25 @@ from specdecode.runtime.weights import WEIGHT_FORMATS
 DEFAULT_FORMATS = ("float32:native", "bfloat16:native", "bfloat16:int8", "float32:int8")
 
 
-def parse_format(text: str) -> tuple[str, str, str]:
-    """``dtype:weights[:kernels]`` (``bfloat16:int8``, ``bfloat16:native:static``); weights default
-    to native, kernels to auto (``--kernels``)."""
-    dtype, weights, kernels, *extra = text.strip().split(":") + ["", ""]
+def parse_format(text: str) -> tuple[str, str, str, str]:
+    """``dtype:weights[:kernels[:activations]]`` (``bfloat16:int8``, ``bfloat16:native:static``,
+    ``bfloat16:q4:auto:int16``); weights default to native, kernels to auto (``--kernels``), activations to
+    ``--activations``'s default."""
+    dtype, weights, kernels, activations, *extra = text.strip().split(":") + ["", "", ""]
     weights, kernels = weights or "native", kernels or "auto"
-    if weights not in WEIGHT_FORMATS or kernels not in KERNEL_MODES or any(extra):
-        raise ValueError(f"format {text!r}: expected dtype:weights[:kernels] with weights one of "
-                         f"{', '.join(WEIGHT_FORMATS)} and kernels one of {', '.join(KERNEL_MODES)}")
-    return dtype, weights, kernels
+    activations = activations or DEFAULT_ACTIVATIONS
+    if weights not in WEIGHT_FORMATS or kernels not in KERNEL_MODES or activations not in ACTIVATIONS or any(extra):
+        raise ValueError(f"format {text!r}: expected dtype:weights[:kernels[:activations]] with weights one of "
+                         f"{', '.join(WEIGHT_FORMATS)}, kernels one of {', '.join(KERNEL_MODES)} and activations "
+                         f"one of {', '.join(ACTIVATIONS)}")
+    return dtype, weights, kernels, activations
 
 
-def format_name(dtype: str, weights: str, kernels: str) -> str:
-    """``dtype:weights``, with ``:static`` when the kernels are not the default."""
-    return f"{dtype}:{weights}" + ("" if kernels == "auto" else f":{kernels}")
+def format_name(dtype: str, weights: str, kernels: str, activations: str = DEFAULT_ACTIVATIONS) -> str:
+    """``dtype:weights``, with ``:static`` when the kernels are not the default and the activations when they
+    are not (quantized weights only)."""
+    name = f"{dtype}:{weights}" + ("" if kernels == "auto" else f":{kernels}")
+    return name + ("" if activations == DEFAULT_ACTIVATIONS or weights == "native" else f":{activations}")
 
 
 @dataclass(frozen=True)
@@ -132,12 +138,13 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
         raise ValueError(f"a format is listed twice: {', '.join(config.formats)}")
     names = [format_name(*t) for t in triples]
     sessions: list[Session] = []
-    for name, (dtype, weights, kernels) in zip(names, triples, strict=True):
+    for name, (dtype, weights, kernels, activations) in zip(names, triples, strict=True):
         say(f"loading {name}")
         sessions.append(start(RuntimeConfig(model=config.model, dtype=dtype, threads=config.threads, weights=weights,
-                                            kernels=kernels)))
-    rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "kernels": s.kernels.summary(), "forward_ms": {}}
-                        for n, (d, w, _), s in zip(names, triples, sessions, strict=True)]
+                                            kernels=kernels, activations=activations)))
+    rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "activations": a, "kernels": s.kernels.summary(),
+                         "forward_ms": {}}
+                        for n, (d, w, _, a), s in zip(names, triples, sessions, strict=True)]
     llama: dict | None = None
     if config.llama_bench:
         from specdecode.io.llamacpp import find_llama_tool

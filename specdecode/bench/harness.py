@@ -61,6 +61,7 @@ def run_fingerprint(session: Session, drafter_paths: Sequence[str] = (), launch_
     return capture(threads=session.threads, dtype=session.dtype_name, device=str(session.device),
                    model_path=session.loaded.source, drafter_paths=sorted(p for p in drafter_paths if p != "random"),
                    launch_profile=profile, tensor_parallel=session.world_size, weights=session.config.weights,
+                   activations=None if session.config.weights == "native" else session.config.activations,
                    kernels=session.kernels.summary(),
                    compiled="on" if session.loaded.model.steps is not None else "off")
 

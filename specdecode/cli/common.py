@@ -10,6 +10,7 @@ from typing import Any
 from specdecode.core.compiled import COMPILE_MODES
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.kernels import KERNEL_MODES
+from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.checkpoints import check_drafter_dir
@@ -48,6 +49,11 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                    help="linear-layer kernels: auto (each weight shape and row count gets the fastest kernel "
                         "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "
                         "or static (fixed rules: F.linear, int8 kernel up to 32 rows). Default: auto")
+    g.add_argument("--activations", default=DEFAULT_ACTIVATIONS, choices=tuple(ACTIVATIONS),
+                   help="how int8 and 4-bit layers quantize their activations, per block of 32, in the "
+                        "row-invariant integer kernels (AVX-512 VNNI CPUs): int8 (as llama.cpp's Q8 blocks; the "
+                        "fastest at several rows) or int16 (closer to bf16). Part of the format: recorded in "
+                        f"results, plans and stored graphs. Default: {DEFAULT_ACTIVATIONS}")
     g.add_argument("--compile", default="auto", choices=COMPILE_MODES,
                    help="decode, verify and draft steps compiled, one graph per shape bucket: on CPU exported and "
                         "compiled ahead of time (AOTInductor, freezing) and stored in $SPECDECODE_CACHE/graphs, so a "
@@ -133,7 +139,8 @@ STORED_GRAPHS = ("generate", "serve")
 
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                         weights=args.weights, kernels=args.kernels, compile=getattr(args, "compile", "auto"),
+                         weights=args.weights, kernels=args.kernels,
+                         activations=getattr(args, "activations", DEFAULT_ACTIVATIONS), compile=getattr(args, "compile", "auto"),
                          long_running=getattr(args, "command", None) in LONG_RUNNING,
                          stored_graphs=getattr(args, "command", None) in STORED_GRAPHS)
 

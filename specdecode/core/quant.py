@@ -63,6 +63,72 @@ NATIVE_I8 = "i8_avx2"  # specdecode::i8_linear
 NATIVE_Q4_KERNELS = {NATIVE_Q4: "q4_linear", "q4_avx512": "q4_linear_avx512"}
 NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
 
+# The row-invariant integer family (core/csrc/rows_linear.cpp, AVX-512 VNNI): a row's output is the same bits
+# whether it runs alone, in a verify of k tokens or in a batch, because activations are quantized row by row
+# and every block sums exactly in integers before a float epilogue in a fixed order. Where it is loaded, a
+# layer runs only it up to ROW_INVARIANT_ROWS rows (decode, verify, batched steps), so the kernel plan cannot
+# make speculative output differ from plain decoding; beyond (prefill chunks) the plan measures it against
+# the others. Activations per block of 32: int8 (vpdpbusd once, as llama.cpp's Q8 blocks) or int16 (twice),
+# a choice of format (``--activations``); the kernel name carries it, so plans and stored graphs differ.
+ROWS_Q4, ROWS_I8 = "q4_rows", "i8_rows"  # the operators
+ACTIVATIONS = {"int8": 8, "int16": 16}  # --activations: bits of the quantized activations
+DEFAULT_ACTIVATIONS = "int8"
+ROW_INVARIANT_ROWS = 16
+_ROWS_TILE = 16  # output rows a tile of the packed layout
+
+
+def rows_kernel(op: str, bits: int) -> str:
+    """The kernel name of the row-invariant family for ``op`` (ROWS_Q4, ROWS_I8) at ``bits``-bit activations."""
+    return f"{op}_a{bits}"
+
+
+def activation_bits(name: str) -> int:
+    """Bits of the ``--activations`` choice ``name``; an unknown name is refused, naming the known ones."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activations {name!r}; use one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def set_activations(model: nn.Module, name: str) -> int:
+    """Quantize the activations of ``model``'s int8 and 4-bit layers to ``name`` (ACTIVATIONS) where they run
+    the row-invariant family; returns how many layers were set."""
+    bits = activation_bits(name)
+    count = 0
+    for m in model.modules():
+        if isinstance(m, (Int8Linear, Int4Linear)):
+            m.act_bits = bits
+            count += 1
+    return count
+
+
+def pack_q4_rows(q: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
+    """q [out, in] (0..15), scales and zeros [out, in / 32] in the layout of ``specdecode::q4_rows``: per tile of
+    16 output rows and block of 32 inputs, 4 x 64 bytes of nibbles (chunk c, row j, byte b: the low nibble is
+    weight 8c + b of row j, the high nibble weight 8c + 4 + b), then the 16 rows' bf16 scales and bf16 zeros;
+    returned as uint8 [out, in / 32 * 20]."""
+    n, k = q.shape
+    g, t = k // 32, n // _ROWS_TILE
+    r = q.to(torch.uint8).reshape(t, _ROWS_TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # tile, block, c, j, b, half
+    nibbles = (r[..., 0] | (r[..., 1] << 4)).reshape(t, g, 256)
+
+    def by_tile(v: Tensor) -> Tensor:
+        return v.to(torch.bfloat16).reshape(t, _ROWS_TILE, g).transpose(1, 2).contiguous().view(torch.uint8)
+
+    return torch.cat((nibbles, by_tile(scales), by_tile(zeros)), dim=2).reshape(n, g * 20).contiguous()
+
+
+def pack_i8_rows(w: Tensor) -> Tensor:
+    """int8 w [out, in] in the layout of ``specdecode::i8_rows``: per tile of 16 output rows and block of 32
+    inputs, 8 x 64 bytes (chunk c, row j, byte b: weight 4c + b of row j plus 128, unsigned); uint8 [out, in]."""
+    n, k = w.shape
+    r = w.reshape(n // _ROWS_TILE, _ROWS_TILE, k // 32, 8, 4).permute(0, 2, 3, 1, 4)
+    return (r.to(torch.int16) + 128).to(torch.uint8).reshape(n, k).contiguous()
+
+
+def _rows_packable(out_features: int, in_features: int, dtype: torch.dtype, device: torch.device) -> bool:
+    return (out_features % _ROWS_TILE == 0 and in_features % 32 == 0 and dtype == torch.bfloat16
+            and device.type == "cpu")
+
 
 # From this many rows a compiled graph takes the plan's packed choice as it is (the dequantized weight folded
 # in and packed by inductor); below, the nearest smaller unpacked choice (QuantizedDispatch)
@@ -106,6 +172,15 @@ class Int8Linear(QuantizedDispatch, nn.Module):
         self.register_buffer("weight_int8", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scale.to(weight.dtype))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        # the row-invariant family's layout of the same weights (bf16 layers on a CPU)
+        packable = _rows_packable(self.out_features, self.in_features, weight.dtype, weight.device)
+        self.register_buffer("rows_packed", pack_i8_rows(self.weight_int8) if packable else
+                             torch.empty(0, dtype=torch.uint8), persistent=False)
+        self.act_bits = ACTIVATIONS[DEFAULT_ACTIVATIONS]
+
+    def rows_kernel(self) -> str | None:
+        """The row-invariant family's kernel where this layer runs it, else None."""
+        return rows_kernel(ROWS_I8, self.act_bits) if self.rows_packed.numel() and native_loaded(ROWS_I8) else None
 
     def dequantized(self) -> Tensor:
         """The weight this layer computes with, in the model dtype (for tests and reference)."""
@@ -116,6 +191,8 @@ class Int8Linear(QuantizedDispatch, nn.Module):
 
     def static_kernel(self, rows: int, x: Tensor) -> str:
         # the static rule, without building the candidate list per call
+        if rows <= ROW_INVARIANT_ROWS and x.dtype == self.scales.dtype and (kernel := self.rows_kernel()):
+            return kernel
         return ("int8pack" if rows <= _KERNEL_MAX_ROWS and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
                 and x.dtype == self.scales.dtype else "aten")
 
@@ -127,6 +204,8 @@ class Int8Linear(QuantizedDispatch, nn.Module):
             out = cast(Tensor, torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight_int8, self.scales))
         elif (op := NATIVE_I8_KERNELS.get(kernel)) is not None:
             out = cast(Tensor, getattr(torch.ops.specdecode, op)(x2, self.weight_int8, self.scales))
+        elif kernel.startswith(ROWS_I8):
+            out = cast(Tensor, torch.ops.specdecode.i8_rows(x2, self.rows_packed, self.scales, self.act_bits))
         elif kernel == "onednn" and self.packed is not None:
             out = onednn_linear(x2, self.packed, None) * self.scales
         else:
@@ -134,11 +213,16 @@ class Int8Linear(QuantizedDispatch, nn.Module):
         return out if self.bias is None else out + self.bias
 
     def group_key(self) -> str:
-        return f"int8:{self.out_features}x{self.in_features}:{str(self.scales.dtype).removeprefix('torch.')}"
+        return (f"int8:{self.out_features}x{self.in_features}:{str(self.scales.dtype).removeprefix('torch.')}"
+                f"{':a' + str(self.act_bits) if self.rows_packed.numel() else ''}")
 
     def kernel_candidates(self, rows: int) -> tuple[str, ...]:
         dtype, device = self.scales.dtype, self.scales.device
-        found = ["aten"]
+        invariant = self.rows_kernel()
+        if invariant is not None and rows <= ROW_INVARIANT_ROWS:
+            return (invariant,)
+        found = [invariant] if invariant is not None else []
+        found.append("aten")
         if device.type == "cpu" and dtype in _KERNEL_DTYPES:
             found.append("int8pack")
         if device.type == "cpu" and dtype == torch.bfloat16 and self.in_features % 32 == 0:
@@ -198,6 +282,14 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         self.register_buffer("scales", sz[..., 0].t().contiguous())
         self.register_buffer("zeros", sz[..., 1].t().contiguous())
         self.bias = None
+        packable = _rows_packable(out_f, in_f, dtype, q.device)
+        self.register_buffer("rows_packed", pack_q4_rows(q, self.scales, self.zeros) if packable else
+                             torch.empty(0, dtype=torch.uint8), persistent=False)
+        self.act_bits = ACTIVATIONS[DEFAULT_ACTIVATIONS]
+
+    def rows_kernel(self) -> str | None:
+        """The row-invariant family's kernel where this layer runs it, else None."""
+        return rows_kernel(ROWS_Q4, self.act_bits) if self.rows_packed.numel() and native_loaded(ROWS_Q4) else None
 
     def unpacked(self) -> Tensor:
         """q [out, in] uint8 in 0..15."""
@@ -214,6 +306,8 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         return x.dtype == self.scales_and_zeros.dtype
 
     def static_kernel(self, rows: int, x: Tensor) -> str:
+        if rows <= ROW_INVARIANT_ROWS and x.dtype == self.scales.dtype and (kernel := self.rows_kernel()):
+            return kernel
         return "int4pack" if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel() else "aten"
 
     def run_kernel(self, kernel: str, x2: Tensor) -> Tensor:
@@ -225,6 +319,8 @@ class Int4Linear(QuantizedDispatch, nn.Module):
                 x2.contiguous(), self.int4pack, _INT4_GROUP, self.scales_and_zeros))
         if (op := NATIVE_Q4_KERNELS.get(kernel)) is not None:
             return cast(Tensor, getattr(torch.ops.specdecode, op)(x2, self.qs, self.scales, self.zeros))
+        if kernel.startswith(ROWS_Q4):
+            return cast(Tensor, torch.ops.specdecode.q4_rows(x2, self.rows_packed, self.act_bits))
         if kernel == "onednn" and self.packed is not None:
             return onednn_linear(x2, self.packed, None)
         if kernel == ONEDNN_F32 and self.packed is not None:
@@ -232,11 +328,15 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         return F.linear(x2, self.dequantized().to(x2.dtype))
 
     def group_key(self) -> str:
-        return f"int4:{self.out_features}x{self.in_features}:{str(self.scales_and_zeros.dtype).removeprefix('torch.')}"
+        return (f"int4:{self.out_features}x{self.in_features}:{str(self.scales_and_zeros.dtype).removeprefix('torch.')}"
+                f"{':a' + str(self.act_bits) if self.rows_packed.numel() else ''}")
 
     def kernel_candidates(self, rows: int) -> tuple[str, ...]:
         dtype, device = self.scales_and_zeros.dtype, self.scales_and_zeros.device
-        found = []
+        invariant = self.rows_kernel()
+        if invariant is not None and rows <= ROW_INVARIANT_ROWS:
+            return (invariant,)
+        found = [invariant] if invariant is not None else []
         if device.type == "cpu" and dtype in _KERNEL_DTYPES and self.int4pack.numel():
             found.append("int4pack")
         if device.type == "cpu" and dtype == torch.bfloat16:

@@ -2,8 +2,9 @@
 first use and kept in ``$SPECDECODE_CACHE/native/`` (13-15 s on a 2-core EPYC, once per source version; the build
 needs g++, which compiled steps need anyway, and ninja).
 
-Three modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA),
-``avx512`` (the same linear kernels with AVX-512 VNNI) and ``attention`` (few-query attention, AVX2 + FMA),
+Four modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA),
+``avx512`` (the same linear kernels with AVX-512 VNNI), ``rows`` (the row-invariant integer family,
+AVX-512 VNNI: ``core.quant``) and ``attention`` (few-query attention, AVX2 + FMA),
 each its own shared library, so no code compiled for AVX-512 can run on a CPU without it, and
 ``SPECDECODE_NATIVE`` can leave any one out of an A/B.
 
@@ -51,6 +52,10 @@ MODULES = (
                  frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
                  ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
                  ("q4_linear_avx512", "i8_linear_avx512")),
+    NativeModule("rows", _CSRC / "rows_linear.cpp",
+                 frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+                 ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+                 (quant.ROWS_Q4, quant.ROWS_I8)),
     # its own module, so SPECDECODE_NATIVE=avx2,avx512 measures the linear kernels without it
     NativeModule("attention", _CSRC / "small_attention.cpp", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"),
                  ("small_attention",)),

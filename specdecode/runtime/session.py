@@ -14,6 +14,7 @@ import torch
 
 from specdecode.core.compiled import CompiledSteps, GraphKey
 from specdecode.core.kernels import KernelPlan
+from specdecode.core.quant import DEFAULT_ACTIVATIONS, activation_bits, set_activations
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.io.paths import is_default_model
 from specdecode.runtime.autoformat import AUTO, resolve_format
@@ -40,6 +41,9 @@ class RuntimeConfig:
     threads: int | None = None  # None: $SPECDECODE_THREADS, else $OMP_NUM_THREADS, else the cores available
     weights: str = AUTO  # runtime.weights.WEIGHT_FORMATS (native, int8, q4) or auto
     kernels: str = "auto"  # core.kernels.KERNEL_MODES: auto (measured per shape and row count, cached) or static
+    # core.quant.ACTIVATIONS: how int8 and 4-bit layers quantize activations where they run the row-invariant
+    # integer kernels (int8 or int16 per block of 32)
+    activations: str = DEFAULT_ACTIVATIONS
     compile: str = "auto"  # core.compiled.COMPILE_MODES: decode/verify steps compiled (runtime.compiling)
     long_running: bool = False  # data build: what --compile auto compiles for (at first use)
     # generate, serve: --compile auto runs the graphs stored for this machine (specdecode compile)
@@ -108,6 +112,7 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     if config.dtype != AUTO:
         parse_dtype(config.dtype)
     check_kernel_mode(config.kernels)
+    activation_bits(config.activations)
     rank, size = world()
     use_compiled, compile_reason = resolve_compile(config.compile, config.long_running, size)
     if size > 1 and config.weights != AUTO and (refusal := weight_format(config.weights).refusal(None, size)):
@@ -122,6 +127,7 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     loaded = load_model(config.model, dtype, device)
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
     fmt.apply(loaded.model, loaded.source, dtype)
+    set_activations(loaded.model, config.activations)
     if device.type == "cpu" and config.weights == "q4":
         load_native(log)  # its 4-bit kernel joins the kernel plan's candidates (runtime.native)
     plan = install_kernels(loaded.model, config.kernels, threads, device, log)  # ``log`` hears a long measurement

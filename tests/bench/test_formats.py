@@ -5,16 +5,20 @@ import sys
 
 import pytest
 
-from specdecode.bench.formats import parse_format
+from specdecode.bench.formats import format_name, parse_format
 from tests.helpers import run_specdecode
 
 
 def test_parse_format():
-    assert parse_format("bfloat16:int8") == ("bfloat16", "int8", "auto")
-    assert parse_format(" float32 ") == ("float32", "native", "auto")
-    assert parse_format("bfloat16:native:static") == ("bfloat16", "native", "static")
-    for bad in ("bfloat16:int4", "bfloat16:native:fast", "bfloat16:int8:auto:x"):
-        with pytest.raises(ValueError, match="weights one of native, int8, q4 and kernels one of auto, static"):
+    assert parse_format("bfloat16:int8") == ("bfloat16", "int8", "auto", "int8")
+    assert parse_format(" float32 ") == ("float32", "native", "auto", "int8")
+    assert parse_format("bfloat16:native:static") == ("bfloat16", "native", "static", "int8")
+    assert parse_format("bfloat16:q4:auto:int16") == ("bfloat16", "q4", "auto", "int16")
+    assert format_name(*parse_format("bfloat16:q4::int16")) == "bfloat16:q4:int16"
+    assert format_name(*parse_format("bfloat16:q4:static:int8")) == "bfloat16:q4:static"
+    for bad in ("bfloat16:int4", "bfloat16:native:fast", "bfloat16:int8:auto:x", "bfloat16:int8:auto:int8:x"):
+        with pytest.raises(ValueError, match="weights one of native, int8, q4, kernels one of auto, static and "
+                                             "activations one of int8, int16"):
             parse_format(bad)
 
 
