@@ -140,7 +140,8 @@ STORED_GRAPHS = ("generate", "serve")
 def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(model=args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                          weights=args.weights, kernels=args.kernels,
-                         activations=getattr(args, "activations", DEFAULT_ACTIVATIONS), compile=getattr(args, "compile", "auto"),
+                         activations=getattr(args, "activations", DEFAULT_ACTIVATIONS),
+                         compile=getattr(args, "compile", "auto"),
                          long_running=getattr(args, "command", None) in LONG_RUNNING,
                          stored_graphs=getattr(args, "command", None) in STORED_GRAPHS)
 

@@ -161,6 +161,8 @@ class Int8Linear(QuantizedDispatch, nn.Module):
 
     weight_int8: Tensor  # [out, in] int8 (a buffer)
     scales: Tensor  # [out] in the model dtype (a buffer)
+    rows_packed: Tensor  # the same weights in the row-invariant family's layout (pack_i8_rows), or empty
+    act_bits: int  # the row-invariant family's activation bits (set_activations)
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
@@ -259,6 +261,8 @@ class Int4Linear(QuantizedDispatch, nn.Module):
     scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
     scales: Tensor  # [out, in / 32] in the model dtype: the same scales, row by row, for the native kernels
     zeros: Tensor  # [out, in / 32] in the model dtype: the same zeros (q4_avx2, q4_avx512 form zero - 8 * scale)
+    rows_packed: Tensor  # the same weights in the row-invariant family's layout (pack_q4_rows), or empty
+    act_bits: int  # the row-invariant family's activation bits (set_activations)
 
     def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
         """q [out, in] integers 0..15; scales, zeros [out, in / 32] (float32, as the file gives them)."""

@@ -15,11 +15,15 @@ from specdecode.core.kernels import (
     pack,
 )
 from specdecode.core.quant import (
+    ACTIVATIONS,
     GRAPH_FOLD_MIN_ROWS,
     NATIVE_I8_KERNELS,
     NATIVE_Q4_KERNELS,
+    ROWS_I8,
+    ROWS_Q4,
     Int8Linear,
     quantize_weights,
+    rows_kernel,
 )
 from tests.helpers import tiny_model
 
@@ -87,15 +91,20 @@ def test_a_measured_plan_changes_no_greedy_output(dtype, weights):
     choices = choose_kernels(model, reps=1)
     groups = kernel_layers(model)
     # every group with several kernels (bf16 Linear has one where oneDNN lacks bf16: AVX2-only CPUs)
-    assert set(choices) == {k for k, g in groups.items() if len(g[0].kernel_candidates(1)) > 1}
-    assert all(len(c) == len(ROW_BUCKETS) and set(c) <= set(groups[k][0].kernel_candidates(1))
+    def offers(k, r):
+        return groups[k][0].kernel_candidates(r)
+
+    assert set(choices) == {k for k in groups if max(len(offers(k, r)) for r in ROW_BUCKETS) > 1}
+    assert all(len(c) == len(ROW_BUCKETS) and all(x in offers(k, r) for x, r in zip(c, ROW_BUCKETS, strict=True))
                for k, c in choices.items())
     # force the non-default kernel everywhere it exists, so the test sees a different path. Not the native
     # kernels (loaded when a q4 session or tests/runtime/test_native.py ran first in this process): their
     # int16 activations put this random tiny bf16 model's logits 10.8% of the largest from float64's, against
     # int8pack's 12.4%, but 6.5% from int8pack's, beyond this test's tolerance between two paths; they have
     # their own tests against float64 (test_native)
-    native = set(NATIVE_Q4_KERNELS) | set(NATIVE_I8_KERNELS)
+    # Nor the row-invariant family (its int8 activations; test_native too)
+    native = set(NATIVE_Q4_KERNELS) | set(NATIVE_I8_KERNELS) | {rows_kernel(op, b) for op in (ROWS_Q4, ROWS_I8)
+                                                                 for b in ACTIVATIONS.values()}
     forced = {k: [next((x for x in groups[k][0].kernel_candidates(1) if x not in ("aten", "int8pack", *native)),
                        "aten")] * len(ROW_BUCKETS) for k in choices}
     assert apply_kernels(model, forced) == sum(len(groups[k]) for k in choices)

@@ -66,7 +66,7 @@ def test_every_int4_kernel_is_the_formula(dtype, onednn_bf16, monkeypatch):
     """Every kernel, on a CPU whose oneDNN runs bf16 and on one whose does not (AVX2: then a bf16 layer
     offers its weight in fp32, ``onednn_f32``)."""
     import specdecode.core.kernels as kernels
-    from specdecode.core.quant import Int4Linear
+    from specdecode.core.quant import ROW_INVARIANT_ROWS, Int4Linear
 
     if onednn_bf16 and not kernels.onednn_usable(torch.bfloat16, torch.device("cpu")):
         pytest.skip("this CPU's oneDNN has no bf16")
@@ -78,9 +78,10 @@ def test_every_int4_kernel_is_the_formula(dtype, onednn_bf16, monkeypatch):
     layer = Int4Linear(q, scales, zeros, dtype)
     w = (q.double() - 8) * scales.double().repeat_interleave(32, 1) + zeros.double().repeat_interleave(32, 1)
     torch.testing.assert_close(layer.dequantized().double(), w, rtol=0, atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
-    assert "int4pack" in layer.kernel_candidates(1)
+    many = ROW_INVARIANT_ROWS + 1  # up to that many rows the row-invariant family, where loaded, runs alone
+    assert "int4pack" in layer.kernel_candidates(many)
     f32 = dtype == torch.bfloat16 and not onednn_bf16
-    assert ("onednn_f32" in layer.kernel_candidates(1)) == f32
+    assert ("onednn_f32" in layer.kernel_candidates(many)) == f32
     for rows in (1, 3, 40):
         x = torch.randn(rows, 64, generator=g).to(dtype)
         ref = x.double() @ w.t()
@@ -90,7 +91,7 @@ def test_every_int4_kernel_is_the_formula(dtype, onednn_bf16, monkeypatch):
             assert err <= (2e-2 if dtype == torch.bfloat16 else 1e-5), (kernel, rows, float(err))
     assert layer(torch.randn(2, 3, 64).to(dtype)).shape == (2, 3, 48)
     odd = Int4Linear(q[:40], scales[:40], zeros[:40], dtype)  # the 4-bit kernel packs 16 rows at a time
-    assert "int4pack" not in odd.kernel_candidates(1) and odd(torch.randn(1, 64).to(dtype)).shape == (1, 40)
+    assert "int4pack" not in odd.kernel_candidates(many) and odd(torch.randn(1, 64).to(dtype)).shape == (1, 40)
 
 
 def test_int4_refuses_bad_blocks():

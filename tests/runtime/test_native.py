@@ -5,7 +5,17 @@ import pytest
 import torch
 
 from specdecode.core.attention import NATIVE_ATTENTION, native_attention, small_query_attention
-from specdecode.core.quant import NATIVE_I8_KERNELS, NATIVE_Q4_KERNELS, Int4Linear, Int8Linear, native_loaded
+from specdecode.core.quant import (
+    NATIVE_I8_KERNELS,
+    NATIVE_Q4_KERNELS,
+    ROW_INVARIANT_ROWS,
+    ROWS_I8,
+    ROWS_Q4,
+    Int4Linear,
+    Int8Linear,
+    native_loaded,
+    pack_q4_rows,
+)
 from specdecode.runtime import native
 
 # (4-bit kernel, int8 kernel) of each module: AVX2, and AVX-512 VNNI where the CPU has it
@@ -27,14 +37,15 @@ def test_why_unavailable_names_the_cause(monkeypatch):
     monkeypatch.setenv("SPECDECODE_NATIVE", "avx2")  # an A/B of the modules: only those named load
     assert native.why_unavailable(frozenset({"avx2", "fma"})) is None
     assert native.why_unavailable(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}), avx512) == (
-        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512, attention)")
+        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512, rows, attention)")
 
 
 def test_every_module_is_listed_with_its_operators():
     """Each kernel name the plan can choose runs an operator that some module registers."""
     ops = {op for m in native.MODULES for op in m.ops}
-    assert set(NATIVE_Q4_KERNELS.values()) | set(NATIVE_I8_KERNELS.values()) | {NATIVE_ATTENTION} == ops
-    assert {m.name for m in native.MODULES} == {*ISAS, "attention"}
+    named = set(NATIVE_Q4_KERNELS.values()) | set(NATIVE_I8_KERNELS.values())
+    assert named | {NATIVE_ATTENTION, ROWS_Q4, ROWS_I8} == ops
+    assert {m.name for m in native.MODULES} == {*ISAS, "rows", "attention"}
     assert all(m.source.exists() for m in native.MODULES)
 
 
@@ -67,7 +78,8 @@ def _check_formula(layer, kernel, n, k, dtype, g):
     weight in float64. The activations' int16 step is 2^-15 of each block's largest value: float32
     results agree to ~1e-4 of the output's scale, which is why the plan offers these kernels to bf16
     layers only."""
-    assert (kernel in layer.kernel_candidates(1)) == (dtype == torch.bfloat16)
+    # beyond the rows the row-invariant family keeps to itself
+    assert (kernel in layer.kernel_candidates(ROW_INVARIANT_ROWS + 1)) == (dtype == torch.bfloat16)
     w = layer.dequantized().double()
     for rows in (1, 2, 3, 17):
         x = torch.randn(rows, k, generator=g).to(dtype)
@@ -302,3 +314,125 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_start(tmp_
     monkeypatch.setattr(cpp_extension, "load", load)
     monkeypatch.setattr(native, "_register_fake", lambda op: None)
     assert native._build(module, None) is None
+
+
+# --- the row-invariant integer family (rows_linear.cpp) ---
+
+@pytest.fixture(scope="module")
+def rows_family(loaded):
+    module = next(m for m in native.MODULES if m.name == "rows")
+    if not all(native_loaded(op) for op in module.ops):
+        pytest.skip(f"rows kernels unavailable here: {native.why_unavailable(None, module)}")
+
+
+def _quantized_reference(x, bits):
+    """x's values as the kernel computes with them, in float64: per row and block of 32, q = x * (top / max|x|)
+    rounded half to even in float32 (a block whose top / max|x| overflows is first scaled by 2^64, exactly),
+    top = 127 (int8) or 32767 (int16), times the step max|x| / top."""
+    top = float(2 ** (bits - 1) - 1)
+    b = x.float().reshape(x.shape[0], -1, 32)
+    t = b.abs().amax(-1, keepdim=True)
+    tiny = torch.isinf(top / t) & (t > 0)
+    b, t2 = torch.where(tiny, b * 2.0 ** 64, b), torch.where(tiny, t * 2.0 ** 64, t)
+    inv = torch.where(t2 > 0, top / t2, torch.zeros_like(t2))
+    q = torch.round(b * inv).clamp(-top, top)
+    return (q.double() * (t / top).double()).reshape(x.shape)
+
+
+def _rows_reference(layer, x, bits, scales=None, zeros=None):
+    """What the family computes, in float64: int8 weights times the quantized activations; 4-bit weights
+    (q - 8) * scale times the quantized activations plus each block's min (zero - 8 scale) times the block's
+    sum of x itself (the kernel sums x exactly for it, as the earlier kernels did)."""
+    xq = _quantized_reference(x, bits)
+    if isinstance(layer, Int8Linear):
+        return (xq @ layer.weight_int8.double().t()) * layer.scales.double()
+    s = (layer.scales if scales is None else scales).double()
+    z = (layer.zeros if zeros is None else zeros).double()
+    main = (layer.unpacked().double() - 8) * s.repeat_interleave(32, 1) + 8 * s.repeat_interleave(32, 1)
+    sums = x.double().reshape(x.shape[0], -1, 32).sum(-1)
+    return xq @ main.t() + sums @ (z - 8 * s).t()
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("kind", ["q4", "i8"])
+def test_rows_kernel_is_the_formula_on_its_quantized_activations(rows_family, bits, kind):
+    """Against the layer's dequantized weight in float64 applied to the activations as the kernel quantizes
+    them: float32 outputs agree to float32's rounding (the integer sums are exact), at tile counts that
+    split over threads and 1-19 rows (passes of 8, 4, 2, 1); a bf16 output is the float32 one rounded."""
+    for n, k in ((48, 64), (320, 1536)):
+        if kind == "q4":
+            layer, g = _layer(n, k, torch.bfloat16, seed=n)
+        else:
+            g = torch.Generator().manual_seed(n)
+            layer = Int8Linear(torch.randn(n, k, generator=g).to(torch.bfloat16))
+        layer.act_bits = bits
+        kernel = layer.rows_kernel()
+        assert kernel == f"{kind}_rows_a{bits}" and layer.kernel_candidates(16) == (kernel,)
+        assert kernel in layer.kernel_candidates(17) and len(layer.kernel_candidates(17)) > 1
+        w = layer.dequantized().double()
+        for rows in (1, 2, 3, 8, 19):
+            x = torch.randn(rows, k, generator=g)
+            ref = _rows_reference(layer, x, bits)
+            out = layer.run_kernel(kernel, x)
+            assert out.dtype == torch.float32 and out.shape == (rows, n)
+            assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-5, (n, k, rows)
+            xb = x.to(torch.bfloat16)  # the same sums from the same (exactly widened) values, rounded to bf16
+            assert torch.equal(layer.run_kernel(kernel, xb), layer.run_kernel(kernel, xb.float()).to(torch.bfloat16))
+            plain = xb.double() @ w.t()  # and close to the unquantized product
+            err = float((layer.run_kernel(kernel, xb).double() - plain).abs().max() / plain.abs().max())
+            assert err < (2e-2 if bits == 8 else 8e-3), (kind, bits, rows, err)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_rows_kernel_a_row_is_the_same_bits_alone_and_among_others(rows_family, bits):
+    """The point of the family: a row's output does not depend on the rows beside it or how many there are
+    (1, 3, 8, 16, 17, 40), in bf16 and float32, 4-bit and int8 weights."""
+    q4, g = _layer(64, 576, torch.bfloat16, seed=7)
+    i8 = Int8Linear(torch.randn(96, 576, generator=g).to(torch.bfloat16))
+    for layer in (q4, i8):
+        layer.act_bits = bits
+        kernel = layer.rows_kernel()
+        for dtype in (torch.bfloat16, torch.float32):
+            row = torch.randn(1, 576, generator=g).to(dtype)
+            alone = layer.run_kernel(kernel, row)
+            for rows in (3, 8, 16, 17, 40):
+                others = (torch.randn(rows, 576, generator=g) * 10).to(dtype)
+                at = int(torch.randint(rows, (1,), generator=g))
+                others[at] = row[0]
+                assert torch.equal(layer.run_kernel(kernel, others)[at], alone[0]), (kernel, dtype, rows)
+
+
+def test_rows_kernel_edge_inputs(rows_family):
+    """A block of zeros, a tiny block (its step would overflow), a huge value beside small ones, a
+    non-contiguous input, no rows; a non-finite value makes the output non-finite; bad shapes are refused."""
+    layer, g = _layer(32, 96, torch.float32, seed=5)
+    # a float32 layer packs none (the plan offers the family to bf16 layers); the operator runs it all the same,
+    # with the scales rounded to bf16 as the layout keeps them
+    packed = pack_q4_rows(layer.unpacked(), layer.scales, layer.zeros)
+    for bits in (8, 16):
+        x = torch.randn(3, 96, generator=g)
+        x[0, :32] = 0
+        x[1, 32:64] *= 1e-38
+        x[2, 70] = 2.5e4
+        out = torch.ops.specdecode.q4_rows(x, packed, bits)
+        ref = _rows_reference(layer, x, bits, layer.scales.bfloat16(), layer.zeros.bfloat16())
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+        wide = torch.randn(96, 5, generator=g).t()
+        torch.testing.assert_close(torch.ops.specdecode.q4_rows(wide, packed, bits),
+                                   torch.ops.specdecode.q4_rows(wide.contiguous(), packed, bits))
+        assert torch.ops.specdecode.q4_rows(x[:0], packed, bits).shape == (0, 32)
+        x[1, 3] = float("nan")
+        assert not torch.isfinite(torch.ops.specdecode.q4_rows(x, packed, bits)[1]).any()
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.specdecode.q4_rows(torch.randn(1, 40), packed, 8)
+    with pytest.raises(RuntimeError, match="pack_q4_rows"):
+        torch.ops.specdecode.q4_rows(torch.randn(1, 64), packed, 8)
+    with pytest.raises(RuntimeError, match="activation bits must be 8 or 16"):
+        torch.ops.specdecode.q4_rows(torch.randn(1, 96), packed, 4)
+
+
+def test_rows_kernel_compiles_into_a_graph(rows_family):
+    layer, g = _layer(32, 64, torch.bfloat16, seed=9)
+    x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
+    eager = layer(x)
+    assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
