@@ -84,11 +84,13 @@ SMALL_QUERY = 16
 # runtime.native's attention module) where it is registered. Measured on the Zen4 EPYC, 2 threads, SmolLM2's
 # 9 heads over 3 KV heads, one process, 5 alternated rounds (us per call, SDPA against the kernel):
 # 1 token 57/35 at 256 keys, 75/46 at 512, 137/86 at 1024; but 3 tokens 102/124, 5 tokens 131/136,
-# 8 tokens 204/268 at 512 keys (it scores each query's keys one dot product at a time), so verifies stay
-# on SDPA. fp32 and float64 stay on SDPA too: exactness tests and `check` compare them with transformers
-# token for token, and the kernel's fp32 sums are in another order.
+# 8 tokens 204/268 at 512 keys. Verifies run it all the same: a query's result depends only on the keys it
+# sees (not on the key count or the other queries), so a token verified among k gets the bits it gets decoded
+# alone, which SDPA (another summation order per query count) does not give; with the row-invariant linear
+# kernels (core.quant) greedy speculative output then equals plain decoding. fp32 and float64 stay on SDPA:
+# exactness tests and `check` compare them with transformers token for token.
 NATIVE_ATTENTION = "small_attention"
-NATIVE_ATTENTION_TOKENS = 1
+NATIVE_ATTENTION_TOKENS = SMALL_QUERY
 
 
 def native_attention(q: Tensor) -> bool:

@@ -69,7 +69,8 @@ NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
 # layer runs only it up to ROW_INVARIANT_ROWS rows (decode, verify, batched steps), so the kernel plan cannot
 # make speculative output differ from plain decoding; beyond (prefill chunks) the plan measures it against
 # the others. Activations per block of 32: int8 (vpdpbusd once, as llama.cpp's Q8 blocks) or int16 (twice),
-# a choice of format (``--activations``); the kernel name carries it, so plans and stored graphs differ.
+# a choice of format (``--activations``); the kernel name carries it, so plans and stored graphs differ. It is
+# also the static rule at every row count (on the Zen4 EPYC the measured plan took it at every bucket, 1-256).
 ROWS_Q4, ROWS_I8 = "q4_rows", "i8_rows"  # the operators
 ACTIVATIONS = {"int8": 8, "int16": 16}  # --activations: bits of the quantized activations
 DEFAULT_ACTIVATIONS = "int8"
@@ -193,7 +194,7 @@ class Int8Linear(QuantizedDispatch, nn.Module):
 
     def static_kernel(self, rows: int, x: Tensor) -> str:
         # the static rule, without building the candidate list per call
-        if rows <= ROW_INVARIANT_ROWS and x.dtype == self.scales.dtype and (kernel := self.rows_kernel()):
+        if x.dtype == self.scales.dtype and (kernel := self.rows_kernel()):  # at any row count: see ROWS_Q4
             return kernel
         return ("int8pack" if rows <= _KERNEL_MAX_ROWS and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
                 and x.dtype == self.scales.dtype else "aten")
@@ -310,7 +311,7 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         return x.dtype == self.scales_and_zeros.dtype
 
     def static_kernel(self, rows: int, x: Tensor) -> str:
-        if rows <= ROW_INVARIANT_ROWS and x.dtype == self.scales.dtype and (kernel := self.rows_kernel()):
+        if x.dtype == self.scales.dtype and (kernel := self.rows_kernel()):  # at any row count: see ROWS_Q4
             return kernel
         return "int4pack" if x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES and self.int4pack.numel() else "aten"
 

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -75,31 +76,37 @@ struct Scratch {
   std::vector<float> q, k, v, scores;
 };
 
-// the keys' or values' rows as fp32 [S, D]: fp32 read in place (the caller checks the row stride is D),
-// bf16 converted once per call
-inline const float* as_float(const float* x, int64_t, int64_t, std::vector<float>&) { return x; }
-inline const float* as_float(const at::BFloat16* x, int64_t S, int64_t D, std::vector<float>& buf) {
-  buf.resize(S * D);
+// the keys' or values' rows as fp32 [S8, D], S8 = S rounded up to a multiple of 8, the rows past S zero: fp32
+// read in place where S is a multiple of 8 (the caller checks the row stride is D), else copied like bf16
+template <typename T>
+inline const float* as_float(const T* x, int64_t S, int64_t S8, int64_t D, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>)
+    if (S == S8) return x;
+  buf.assign(S8 * D, 0.f);
   to_float(x, buf.data(), S * D);
   return buf.data();
 }
 
-// one (row of the batch, KV head): G queries against S keys; D is a multiple of 8 (checked by the caller)
+// one (row of the batch, KV head): G queries against S keys; D is a multiple of 8 (checked by the caller).
+// A query's result depends only on the keys it sees, not on S or the other queries: every score is one
+// block-of-8 reduction (the last block padded with masked keys), masked keys add exact zeros, and the sums
+// run in key order. So a token decoded alone (S = its position + 1) and the same token in a verify of k
+// (S = the last position + 1, a causal or tree mask) get the same bits.
 template <typename T>
 void attend(const T* q, const T* k_in, const T* v_in, const bool* mask, int64_t mask_stride_t, int64_t mask_stride_s,
             int64_t tokens, int64_t G, int64_t S, int64_t D, float scale, T* out) {
   thread_local Scratch w;
+  const int64_t S8 = (S + 7) / 8 * 8;
   w.q.resize(G * D);
-  w.scores.resize(G * S);
+  w.scores.resize(G * S8);
   to_float(q, w.q.data(), G * D);
   for (float& x : w.q) x *= scale;
-  const float* k = as_float(k_in, S, D, w.k);
-  const float* v = as_float(v_in, S, D, w.v);
+  const float* k = as_float(k_in, S, S8, D, w.k);
+  const float* v = as_float(v_in, S, S8, D, w.v);
   constexpr float NEG = -std::numeric_limits<float>::infinity();
   // scores 8 keys at a time: a block of keys (8 rows of k) stays in L1 across the G queries, and one
   // reduction gives the 8 scores (one horizontal sum per key took twice as long)
-  int64_t s0 = 0;
-  for (; s0 + 8 <= S; s0 += 8)
+  for (int64_t s0 = 0; s0 < S8; s0 += 8)
     for (int64_t j = 0; j < G; ++j) {
       const float* qj = w.q.data() + j * D;
       __m256 acc[8];
@@ -108,41 +115,31 @@ void attend(const T* q, const T* k_in, const T* v_in, const bool* mask, int64_t 
         const __m256 qd = _mm256_loadu_ps(qj + d);
         for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (s0 + u) * D + d), acc[u]);
       }
-      _mm256_storeu_ps(w.scores.data() + j * S + s0, hsum8(acc));
+      _mm256_storeu_ps(w.scores.data() + j * S8 + s0, hsum8(acc));
     }
-  for (; s0 < S; ++s0)
-    for (int64_t j = 0; j < G; ++j) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t d = 0; d < D; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(w.q.data() + j * D + d), _mm256_loadu_ps(k + s0 * D + d), acc);
-      w.scores[j * S + s0] = hsum(acc);
-    }
+  for (int64_t j = 0; j < G; ++j)
+    for (int64_t s = S; s < S8; ++s) w.scores[j * S8 + s] = NEG;  // the padding keys
   if (mask != nullptr)
     for (int64_t j = 0; j < G; ++j)
       for (int64_t s = 0; s < S; ++s)
-        if (!mask[(j % tokens) * mask_stride_t + s * mask_stride_s]) w.scores[j * S + s] = NEG;
+        if (!mask[(j % tokens) * mask_stride_t + s * mask_stride_s]) w.scores[j * S8 + s] = NEG;
   const __m256 neg = _mm256_set1_ps(NEG), zero = _mm256_setzero_ps();
   for (int64_t j = 0; j < G; ++j) {
-    float* sc = w.scores.data() + j * S;
-    const float top = *std::max_element(sc, sc + S);
+    float* sc = w.scores.data() + j * S8;
+    const float top = *std::max_element(sc, sc + S8);
     float total = 0.f;
     if (top == NEG) {
-      std::fill(sc, sc + S, 0.f);
+      std::fill(sc, sc + S8, 0.f);
     } else {
       const __m256 t = _mm256_set1_ps(top);
       __m256 sum = _mm256_setzero_ps();
-      int64_t s = 0;
-      for (; s + 8 <= S; s += 8) {
+      for (int64_t s = 0; s < S8; s += 8) {
         const __m256 x = _mm256_loadu_ps(sc + s);
         const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, t)), zero, _mm256_cmp_ps(x, neg, _CMP_EQ_OQ));
         _mm256_storeu_ps(sc + s, e);
         sum = _mm256_add_ps(sum, e);
       }
       total = hsum(sum);
-      for (; s < S; ++s) {
-        sc[s] = sc[s] == NEG ? 0.f : std::exp(sc[s] - top);
-        total += sc[s];
-      }
     }
     // the weighted sum of values, up to 64 outputs a pass held in registers
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
