@@ -42,7 +42,7 @@ def _to_q4(model, seed=0):
 @pytest.fixture(params=["int8", "q4"])
 def model(request, native):
     m = tiny_model(seed=4, dtype=torch.bfloat16, **SHAPE)
-    if not all(hasattr(getattr(layer, "self_attn"), "qkv_proj") for layer in m.layers):
+    if not all(hasattr(layer.self_attn, "qkv_proj") for layer in m.layers):
         pytest.skip("model layout changed")
     return _to_q4(m) if request.param == "q4" else (quantize_weights(m, "int8"), m)[1]
 
