@@ -27,7 +27,7 @@ run() {  # run NAME CMD...: the command line, then its output, into $R/NAME.txt
 }
 
 if [[ " $STEPS " == *" formats "* ]]; then
-  run formats $SD formats --threads "$THREADS" --formats bfloat16:native,bfloat16:q4,bfloat16:q4:auto:int16 \
+  run formats $SD formats --threads "$THREADS" --formats bfloat16:native,bfloat16:q4:auto:int16,bfloat16:q4:auto:int8 \
       --ks 1,2,4,8,16 --passages "$DATA/prompts/long/pubmedqa__pubmedqa.jsonl" --num-passages 24 \
       --prompts "$DATA/spec_bench_questions.jsonl" --per-category 1 --max-new-tokens 64 --out "$R/formats.json"
 fi

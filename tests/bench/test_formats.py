@@ -6,16 +6,20 @@ import sys
 import pytest
 
 from specdecode.bench.formats import format_name, parse_format
+from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS
 from tests.helpers import run_specdecode
 
 
 def test_parse_format():
-    assert parse_format("bfloat16:int8") == ("bfloat16", "int8", "auto", "int8")
-    assert parse_format(" float32 ") == ("float32", "native", "auto", "int8")
-    assert parse_format("bfloat16:native:static") == ("bfloat16", "native", "static", "int8")
-    assert parse_format("bfloat16:q4:auto:int16") == ("bfloat16", "q4", "auto", "int16")
-    assert format_name(*parse_format("bfloat16:q4::int16")) == "bfloat16:q4:int16"
-    assert format_name(*parse_format("bfloat16:q4:static:int8")) == "bfloat16:q4:static"
+    d = DEFAULT_ACTIVATIONS
+    other = next(a for a in ACTIVATIONS if a != d)
+    assert parse_format("bfloat16:int8") == ("bfloat16", "int8", "auto", d)
+    assert parse_format(" float32 ") == ("float32", "native", "auto", d)
+    assert parse_format("bfloat16:native:static") == ("bfloat16", "native", "static", d)
+    assert parse_format(f"bfloat16:q4:auto:{other}") == ("bfloat16", "q4", "auto", other)
+    assert format_name(*parse_format(f"bfloat16:q4::{other}")) == f"bfloat16:q4:{other}"
+    assert format_name(*parse_format(f"bfloat16:q4:static:{d}")) == "bfloat16:q4:static"
+    assert format_name(*parse_format(f"bfloat16:native::{other}")) == "bfloat16:native"  # no quantized layers
     for bad in ("bfloat16:int4", "bfloat16:native:fast", "bfloat16:int8:auto:x", "bfloat16:int8:auto:int8:x"):
         with pytest.raises(ValueError, match="weights one of native, int8, q4, kernels one of auto, static and "
                                              "activations one of int8, int16"):
