@@ -4,7 +4,7 @@ the kernel plan only when loaded, equal to the formula, traceable into compiled 
 import pytest
 import torch
 
-from specdecode.core.attention import NATIVE_ATTENTION, native_attention, small_query_attention
+from specdecode.core.attention import NATIVE_ATTENTION, SMALL_QUERY, native_attention, small_query_attention
 from specdecode.core.quant import (
     NATIVE_I8_KERNELS,
     NATIVE_Q4_KERNELS,
@@ -281,12 +281,13 @@ def test_attention_kernel_masks_exactly_and_refuses_bad_input(loaded):
 
 
 def test_bf16_few_query_attention_runs_the_kernel_into_a_graph(loaded):
-    """The model's few-query attention takes the kernel for a bf16 decode call on a CPU (fp32 and float64 stay
-    on SDPA, whose results exactness tests compare with transformers; so do verifies, where it measured
-    slower); it traces into a compiled graph (its fake)."""
+    """The model's few-query attention takes the kernel for bf16 decode and verify calls (1-16 queries) on a
+    CPU (fp32 and float64 stay on SDPA, whose results exactness tests compare with transformers, and so do
+    prefill chunks of more tokens); it traces into a compiled graph (its fake)."""
     q, k, v, mask = _attention_case(2, 1, 40, torch.bfloat16, True, seed=3)
     assert native_attention(q) and not native_attention(q.float()) and not native_attention(q.double())
-    assert not native_attention(_attention_case(2, 3, 40, torch.bfloat16, True, seed=3)[0])
+    assert native_attention(_attention_case(2, 3, 40, torch.bfloat16, True, seed=3)[0])
+    assert not native_attention(_attention_case(1, SMALL_QUERY + 1, 40, torch.bfloat16, True, seed=3)[0])
     with torch.inference_mode():
         eager = small_query_attention(q, k, v, mask)
         compiled = torch.compile(lambda *a: small_query_attention(*a) * 2, fullgraph=True)(q, k, v, mask)
@@ -436,3 +437,20 @@ def test_rows_kernel_compiles_into_a_graph(rows_family):
     x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
     eager = layer(x)
     assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_kernel_a_query_depends_only_on_the_keys_it_sees(loaded, dtype):
+    """A query that sees keys [0, p] gets the same bits over S = p + 1 keys (a token decoded alone) as over
+    more keys masked past p with other queries beside it (the same token in a verify), for key counts on and
+    off the kernel's blocks of 8."""
+    for p in (6, 7, 8, 29, 40):
+        q, k, v, _ = _attention_case(1, 4, p + 9, dtype, False, seed=p)
+        alone = torch.ops.specdecode.small_attention(q[:, :, :1].reshape(1, 3, 3, 64), k[:, :, :p + 1],
+                                                     v[:, :, :p + 1], None, 1)
+        mask = torch.zeros(1, 4, p + 9, dtype=torch.bool)
+        mask[0, 0, :p + 1] = True  # the first query: keys 0..p; the others see more
+        mask[0, 1:, :] = True
+        qg = q.reshape(1, 3, 3, 4, 64).reshape(1, 3, 12, 64)  # (head, token) rows, token fastest
+        together = torch.ops.specdecode.small_attention(qg, k, v, mask, 4).reshape(1, 3, 3, 4, 64)[:, :, :, 0]
+        assert torch.equal(together, alone), p
