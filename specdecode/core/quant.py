@@ -149,6 +149,19 @@ class QuantizedDispatch(KernelDispatch):
     against 284 unfolded (eager 186-190): data build's 128-row steps had run 1.5x slower compiled than
     eager (ad hoc, session 17; README "Compiled steps")."""
 
+    rows_op: str = ""  # the row-invariant family's operator for this kind of layer (ROWS_Q4, ROWS_I8)
+    rows_packed: Tensor  # the layer's weights in that operator's layout (pack_q4_rows, pack_i8_rows), or empty
+    act_bits: int  # the family's activation bits (set_activations)
+
+    def rows_kernel(self) -> str | None:
+        """The row-invariant family's kernel where this layer runs it, else None."""
+        return (rows_kernel(self.rows_op, self.act_bits) if self.rows_packed.numel() and native_loaded(self.rows_op)
+                else None)
+
+    def rows_key(self) -> str:
+        """The group key's suffix: the activation bits where the layer has the family's layout."""
+        return f":a{self.act_bits}" if self.rows_packed.numel() else ""
+
     def graph_kernel(self, rows: int, x: Tensor, kernel: str) -> str:
         if rows >= GRAPH_FOLD_MIN_ROWS:  # many rows: the folded, packed weight pays for its bytes
             return super().graph_kernel(rows, x, kernel)
@@ -164,8 +177,7 @@ class Int8Linear(QuantizedDispatch, nn.Module):
 
     weight_int8: Tensor  # [out, in] int8 (a buffer)
     scales: Tensor  # [out] in the model dtype (a buffer)
-    rows_packed: Tensor  # the same weights in the row-invariant family's layout (pack_i8_rows), or empty
-    act_bits: int  # the row-invariant family's activation bits (set_activations)
+    rows_op = ROWS_I8
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
@@ -182,10 +194,6 @@ class Int8Linear(QuantizedDispatch, nn.Module):
         self.register_buffer("rows_packed", pack_i8_rows(self.weight_int8) if packable else
                              torch.empty(0, dtype=torch.uint8), persistent=False)
         self.act_bits = ACTIVATIONS[DEFAULT_ACTIVATIONS]
-
-    def rows_kernel(self) -> str | None:
-        """The row-invariant family's kernel where this layer runs it, else None."""
-        return rows_kernel(ROWS_I8, self.act_bits) if self.rows_packed.numel() and native_loaded(ROWS_I8) else None
 
     def dequantized(self) -> Tensor:
         """The weight this layer computes with, in the model dtype (for tests and reference)."""
@@ -218,8 +226,8 @@ class Int8Linear(QuantizedDispatch, nn.Module):
         return out if self.bias is None else out + self.bias
 
     def group_key(self) -> str:
-        return (f"int8:{self.out_features}x{self.in_features}:{str(self.scales.dtype).removeprefix('torch.')}"
-                f"{':a' + str(self.act_bits) if self.rows_packed.numel() else ''}")
+        return f"int8:{self.out_features}x{self.in_features}:{str(self.scales.dtype).removeprefix('torch.')}" \
+            + self.rows_key()
 
     def kernel_candidates(self, rows: int) -> tuple[str, ...]:
         dtype, device = self.scales.dtype, self.scales.device
@@ -264,8 +272,7 @@ class Int4Linear(QuantizedDispatch, nn.Module):
     scales_and_zeros: Tensor  # [in / 32, out, 2] in the model dtype (a buffer)
     scales: Tensor  # [out, in / 32] in the model dtype: the same scales, row by row, for the native kernels
     zeros: Tensor  # [out, in / 32] in the model dtype: the same zeros (q4_avx2, q4_avx512 form zero - 8 * scale)
-    rows_packed: Tensor  # the same weights in the row-invariant family's layout (pack_q4_rows), or empty
-    act_bits: int  # the row-invariant family's activation bits (set_activations)
+    rows_op = ROWS_Q4
 
     def __init__(self, q: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype) -> None:
         """q [out, in] integers 0..15; scales, zeros [out, in / 32] (float32, as the file gives them)."""
@@ -293,10 +300,6 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         self.register_buffer("rows_packed", pack_q4_rows(q, self.scales, self.zeros) if packable else
                              torch.empty(0, dtype=torch.uint8), persistent=False)
         self.act_bits = ACTIVATIONS[DEFAULT_ACTIVATIONS]
-
-    def rows_kernel(self) -> str | None:
-        """The row-invariant family's kernel where this layer runs it, else None."""
-        return rows_kernel(ROWS_Q4, self.act_bits) if self.rows_packed.numel() and native_loaded(ROWS_Q4) else None
 
     def unpacked(self) -> Tensor:
         """q [out, in] uint8 in 0..15."""
@@ -335,8 +338,8 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         return F.linear(x2, self.dequantized().to(x2.dtype))
 
     def group_key(self) -> str:
-        return (f"int4:{self.out_features}x{self.in_features}:{str(self.scales_and_zeros.dtype).removeprefix('torch.')}"
-                f"{':a' + str(self.act_bits) if self.rows_packed.numel() else ''}")
+        dtype = str(self.scales_and_zeros.dtype).removeprefix("torch.")
+        return f"int4:{self.out_features}x{self.in_features}:{dtype}" + self.rows_key()
 
     def kernel_candidates(self, rows: int) -> tuple[str, ...]:
         dtype, device = self.scales_and_zeros.dtype, self.scales_and_zeros.device
