@@ -12,7 +12,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +68,9 @@ class FormatsConfig:
     # llama.cpp's cost curve beside ours: llama-bench (a path, or "auto": found as llama-server is) on the
     # GGUF as it is, a batch of k prompt tokens after ``context`` cached ones; None: not measured
     llama_bench: str | None = None
+    # llama.cpp's own numbers on the same GGUF (llama-cpp-python): perplexity and top-1 agreement on the same
+    # passages' token ids, greedy agreement on the same prompts, against the reference format
+    llama_cpp: bool = False
 
 
 def forward_ms(model: Transformer, k: int, context: int, repeats: int) -> float:
@@ -130,6 +135,32 @@ def teacher_forced(model: Transformer, passages: list[list[int]]) -> tuple[float
     return nll, count, top1
 
 
+def llama_teacher_forced(llm: Any, passages: list[list[int]]) -> tuple[float, int, list[torch.Tensor]]:
+    """``teacher_forced`` for llama.cpp (a llama-cpp-python ``Llama`` with every position's logits kept)."""
+    nll, count, top1 = 0.0, 0, []
+    for ids in passages:
+        llm.reset()
+        llm.eval(ids)
+        logits = torch.from_numpy(np.array(llm.scores[: len(ids) - 1], dtype=np.float32))
+        target = torch.tensor(ids[1:])
+        nll += float(F.cross_entropy(logits, target, reduction="sum"))
+        count += len(ids) - 1
+        top1.append(logits.argmax(-1))
+    return nll, count, top1
+
+
+def first_divergences(outputs: list[list[int]], reference: list[list[int]]) -> list[int]:
+    """Per prompt whose output differs from the reference's: the index of the first differing token."""
+    return [next((i for i, (a, b) in enumerate(zip(o, r, strict=False)) if a != b), min(len(o), len(r)))
+            for o, r in zip(outputs, reference, strict=True) if o != r]
+
+
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict:
+    firsts = first_divergences(outputs, reference)
+    return {"greedy_identical": len(outputs) - len(firsts), "greedy_prompts": len(outputs),
+            "mean_first_divergence": statistics.fmean(firsts) if firsts else None}
+
+
 def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | None = None) -> dict:
     """Every format's speed and quality; see the module doc. Returns ``{"formats": [...], "rows": [...]}``."""
     say = on_progress or (lambda _: None)
@@ -146,14 +177,20 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
                          "forward_ms": {}}
                         for n, (d, w, _, a), s in zip(names, triples, sessions, strict=True)]
     llama: dict | None = None
+    gguf = sessions[0].loaded.source
+    if (config.llama_bench or config.llama_cpp) and gguf.suffix.lower() != ".gguf":
+        raise ValueError(f"llama.cpp runs a GGUF; the model is {gguf}")
+    llm = None
+    if config.llama_cpp:  # opened first: a missing extra fails before the timings
+        from specdecode.bench.methods import open_llama
+
+        llm = open_llama("formats --llama-cpp", gguf, sessions[0].threads,
+                         n_ctx=max(config.max_passage_tokens, 2048), logits_all=True)
     if config.llama_bench:
         from specdecode.io.llamacpp import find_llama_tool
 
-        gguf = sessions[0].loaded.source
-        if gguf.suffix.lower() != ".gguf":
-            raise ValueError(f"llama-bench runs a GGUF; the model is {gguf}")
         binary = find_llama_tool("llama-bench", None if config.llama_bench == "auto" else config.llama_bench)
-        llama = {"format": "llama.cpp (llama-bench)", "binary": binary, "model": str(gguf), "forward_ms": {}}
+        llama = {"format": "llama.cpp", "binary": binary, "model": str(gguf), "forward_ms": {}}
     for k in config.ks:  # interleaved: every format at this k before the next k
         say(f"timing k={k}")
         for row, s in zip(rows, sessions, strict=True):
@@ -167,13 +204,17 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
     for row in rows:
         one = row["forward_ms"].get(1)
         row["verify_cost"] = {k: ms / one for k, ms in row["forward_ms"].items()} if one else {}
+    if llm is not None and llama is None:
+        llama = {"format": "llama.cpp", "model": str(gguf)}
+    scored = rows + ([llama] if llm is not None and llama is not None else [])
     tokenizer = sessions[0].loaded.tokenizer
     if config.passages:
         texts = passage_ids(load_prompts(config.passages, config.num_passages), tokenizer, config.max_passage_tokens)
         ref_top1: list[torch.Tensor] = []
-        for i, (row, s) in enumerate(zip(rows, sessions, strict=True)):
+        for i, row in enumerate(scored):
             say(f"perplexity {row['format']}")
-            nll, count, top1 = teacher_forced(s.loaded.model, texts)
+            nll, count, top1 = (teacher_forced(sessions[i].loaded.model, texts) if i < len(sessions)
+                                else llama_teacher_forced(llm, texts))
             ref_top1 = top1 if i == 0 else ref_top1
             agree = sum(int((a == b).sum()) for a, b in zip(top1, ref_top1, strict=True))
             row |= {"perplexity": math.exp(nll / count), "passage_tokens": count, "top1_agreement": agree / count}
@@ -185,10 +226,14 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
         say(f"greedy {row['format']}")
         engine = Engine(s.loaded.model, s.loaded.tokenizer)
         outputs.append([engine.generate(ids, options).token_ids for ids in encoded])
-    for row, out in zip(rows, outputs, strict=True):
-        firsts = [next((i for i, (a, b) in enumerate(zip(o, r, strict=False)) if a != b), min(len(o), len(r)))
-                  for o, r in zip(out, outputs[0], strict=True) if o != r]
-        row |= {"greedy_identical": len(out) - len(firsts), "greedy_prompts": len(out),
-                "mean_first_divergence": statistics.fmean(firsts) if firsts else None}
+    if llm is not None and llama is not None:
+        from specdecode.bench.methods import LlamaCppMethod
+
+        say("greedy llama.cpp")
+        # its own instance: one that keeps every position's logits may round the last one differently
+        greedy = LlamaCppMethod("formats --llama-cpp", gguf, sessions[0].threads, tokenizer.eos_token_ids)
+        outputs.append([list(greedy.run(ids, config.max_new_tokens).token_ids or ()) for ids in encoded])
+    for row, out in zip(scored, outputs, strict=True):
+        row |= agreement(out, outputs[0])
     return {"formats": names, "reference": names[0], "threads": sessions[0].threads, "context": config.context,
             "max_new_tokens": config.max_new_tokens, "rows": rows, "llama_cpp": llama}

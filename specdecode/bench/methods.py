@@ -189,24 +189,30 @@ class ServedMethod:
                          num_tokens=res.completion_tokens)
 
 
+def open_llama(name: str, model_path: Path, threads: int, n_ctx: int = 4096, logits_all: bool = False) -> Any:
+    """llama-cpp-python's ``Llama`` on a GGUF file (``logits_all``: keep every position's logits, to score
+    text), or a ValueError that names the extra to install."""
+    if not (model_path.is_file() and model_path.suffix.lower() == ".gguf"):
+        raise ValueError(f"{name!r} runs a GGUF file; the model is {model_path}")
+    try:
+        from llama_cpp import Llama
+    except ImportError as e:
+        raise ValueError(f"{name!r} needs llama-cpp-python ({e}): pip install 'specdecode[llamacpp]' "
+                         "(it builds llama.cpp from source)") from None
+    return Llama(model_path=str(model_path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
+                 logits_all=logits_all, verbose=False)
+
+
 class LlamaCppMethod:
     """llama.cpp (through llama-cpp-python) on the same GGUF file, the same prompt token ids and
     the same threads, greedy, stopping at the same stop tokens (included in the output, as ours
     are): what a user would run instead of us, in the same table."""
 
     def __init__(self, name: str, model_path: Path, threads: int, stop_ids: Sequence[int]) -> None:
-        if not (model_path.is_file() and model_path.suffix.lower() == ".gguf"):
-            raise ValueError(f"method {name!r} runs a GGUF file; the model is {model_path}")
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise ValueError(f"method {name!r} needs llama-cpp-python: pip install 'specdecode[llamacpp]' "
-                             "(it builds llama.cpp from source)") from None
         self.name = name
         self.stop_ids = set(stop_ids)
         self.threads = threads
-        self.llm = Llama(model_path=str(model_path), n_threads=threads, n_threads_batch=threads, n_ctx=4096,
-                         verbose=False)
+        self.llm = open_llama(name, model_path, threads)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         self.llm.reset()  # no prefix reuse from the previous prompt: every run pays its prefill

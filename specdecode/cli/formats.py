@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also time llama.cpp on the same GGUF with llama-bench (a batch of k tokens after --context "
                         "cached: its verify-cost curve beside ours); PATH, or found as llama-server is "
                         "($SPECDECODE_LLAMA_SERVER's directory, the [llamacpp] extra, $PATH)")
+    p.add_argument("--llama-cpp", action="store_true",
+                   help="also score llama.cpp itself on the same GGUF (llama-cpp-python, the [llamacpp] extra): "
+                        "perplexity and top-1 agreement on the same passages' tokens, greedy agreement on the same "
+                        "prompts, beside our formats")
     p.add_argument("--out", default=None, help="write the result (with the environment fingerprint) as JSON")
     p.set_defaults(func=run)
 
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                            max_passage_tokens=args.max_passage_tokens, prompts=args.prompts,
                            num_prompts=args.num_prompts, per_category=args.per_category,
                            max_new_tokens=args.max_new_tokens, ks=ks, context=args.context, repeats=args.repeats,
-                           llama_bench=args.llama_bench)
+                           llama_bench=args.llama_bench, llama_cpp=args.llama_cpp)
     err = Console(stderr=True)
     result = measure_formats(config, on_progress=lambda msg: err.print(msg, style="dim", markup=False))
     out = Console(width=200)
@@ -68,14 +72,15 @@ def run(args: argparse.Namespace) -> int:
     speed.add_column("format")
     for k in ks:
         speed.add_column(f"k={k}", justify="right")
-    for row in result["rows"] + ([result["llama_cpp"]] if result["llama_cpp"] else []):
+    llama = [result["llama_cpp"]] if result["llama_cpp"] else []
+    for row in result["rows"] + [r for r in llama if "forward_ms" in r]:
         speed.add_row(row["format"], *(f"{row['forward_ms'][k]:.1f} ({row['verify_cost'][k]:.2f}x)" for k in ks))
     out.print(speed)
     quality = Table(title=f"quality against {result['reference']} (perplexity on --passages; greedy on "
                           f"{result['rows'][0]['greedy_prompts']} prompts x {result['max_new_tokens']} tokens)")
     for col in ("format", "perplexity", "top-1 agreement", "greedy identical", "mean first divergence"):
         quality.add_column(col, justify="right")
-    for row in result["rows"]:
+    for row in result["rows"] + [r for r in llama if "greedy_prompts" in r]:
         quality.add_row(row["format"], f"{row['perplexity']:.3f}" if "perplexity" in row else "-",
                         f"{row['top1_agreement']:.4f}" if "top1_agreement" in row else "-",
                         f"{row['greedy_identical']}/{row['greedy_prompts']}",

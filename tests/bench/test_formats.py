@@ -37,10 +37,30 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
                      f"open({str(tmp_path / 'args.txt')!r}, 'a').write(' '.join(a) + '\\n')\n"
                      "k = int(a[a.index('-p') + 1])\nprint(json.dumps([{'samples_ns': [(k + 1) * 1e6] * 2}]))\n")
     bench.chmod(0o755)
+    # a stand-in for llama-cpp-python: every passage position gives the true next token half the probability
+    # (one logit log(V - 1) among V - 1 zeros), so its perplexity is exactly 2; greedy it answers 7, 7, ...
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "llama_cpp.py").write_text(
+        "import json, math, numpy as np\n"
+        "class Llama:\n"
+        "    def __init__(self, **kw):\n"
+        f"        open({str(tmp_path / 'llama.txt')!r}, 'a').write(json.dumps(kw) + '\\n')\n"
+        "        self.kw = kw\n"
+        "    def reset(self):\n"
+        "        self.scores = None\n"
+        "    def eval(self, ids):\n"
+        "        v = 49152\n"
+        "        self.scores = np.zeros((self.kw['n_ctx'], v), dtype=np.float32)\n"
+        "        for i, t in enumerate(ids[1:]):\n"
+        "            self.scores[i, t] = math.log(v - 1)\n"
+        "    def generate(self, ids, **kw):\n"
+        "        while True:\n"
+        "            yield 7\n")
     run_specdecode("formats", "--formats", "bfloat16,bfloat16:int8,bfloat16:native:static", "--ks", "1,3",
                    "--repeats", "1",
                    "--num-prompts", "2", "--max-new-tokens", "6", "--passages", str(passages), "--threads", "2",
-                   "--llama-bench", str(bench), "--out", str(out))
+                   "--llama-bench", str(bench), "--llama-cpp", "--out", str(out), env={"PYTHONPATH": str(fake)})
     result = json.loads(out.read_text())
     assert result["formats"] == ["bfloat16:native", "bfloat16:int8", "bfloat16:native:static"]
     assert result["reference"] == "bfloat16:native"
@@ -56,8 +76,23 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
     assert result["fingerprint"]["threads"] == 2
     llama = result["llama_cpp"]  # llama.cpp's curve beside ours: the same GGUF, depth and threads
     assert llama["forward_ms"] == {"1": 2.0, "3": 4.0} and llama["verify_cost"]["3"] == 2.0
+    assert llama["perplexity"] == pytest.approx(2.0, rel=1e-4) and llama["passage_tokens"] == ref["passage_tokens"]
+    assert 0 <= llama["top1_agreement"] <= 1 and llama["greedy_prompts"] == 2
+    assert llama["greedy_identical"] == 0 and llama["mean_first_divergence"] == 0  # 7 is nobody's first answer
+    opened = [json.loads(line) for line in (tmp_path / "llama.txt").read_text().splitlines()]
+    assert [o["logits_all"] for o in opened] == [True, False] and all(o["n_threads"] == 2 for o in opened)
     calls = (tmp_path / "args.txt").read_text().splitlines()
     assert len(calls) == 2 and all("-d 200 -t 2" in c and c.startswith("-m ") and ".gguf" in c for c in calls)
+
+
+def test_llama_cpp_without_its_extra_is_refused_before_any_work(tmp_path):
+    empty = tmp_path / "no_llama_cpp"  # llama_cpp shadowed by a module that fails to import, as if not installed
+    empty.mkdir()
+    (empty / "llama_cpp.py").write_text("raise ImportError('no llama_cpp here')\n")
+    out = run_specdecode("formats", "--formats", "bfloat16", "--llama-cpp", check=False,
+                         env={"PYTHONPATH": str(empty)})
+    assert out.returncode != 0 and "pip install 'specdecode[llamacpp]'" in out.stderr
+    assert "timing" not in out.stderr
 
 
 def test_weights_flag_is_refused_with_the_choices():
