@@ -89,14 +89,25 @@ SMALL_QUERY = 16
 # alone, which SDPA (another summation order per query count) does not give; with the row-invariant linear
 # kernels (core.quant) greedy speculative output then equals plain decoding. fp32 and float64 stay on SDPA:
 # exactness tests and `check` compare them with transformers token for token.
+# The AVX-512 BF16 kernel where loaded (it needs D a multiple of 32), else the AVX2 one: fixed per machine and
+# model, so every call of a run takes the same one (benchmarks/results/attention-avx512/).
 NATIVE_ATTENTION = "small_attention"
+NATIVE_ATTENTION_AVX512 = "small_attention_avx512"
 NATIVE_ATTENTION_TOKENS = SMALL_QUERY
 
 
+def attention_op(q: Tensor) -> str | None:
+    """The project's kernel a few-query call with ``q`` [B, H, T, D] runs, or None (SDPA)."""
+    if not (q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[2] <= NATIVE_ATTENTION_TOKENS):
+        return None
+    if q.shape[3] % 32 == 0 and native_loaded(NATIVE_ATTENTION_AVX512):
+        return NATIVE_ATTENTION_AVX512
+    return NATIVE_ATTENTION if native_loaded(NATIVE_ATTENTION) else None
+
+
 def native_attention(q: Tensor) -> bool:
-    """Whether a few-query call with ``q`` [B, H, T, D] runs the project's kernel rather than SDPA."""
-    return (q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[2] <= NATIVE_ATTENTION_TOKENS
-            and native_loaded(NATIVE_ATTENTION))
+    """Whether a few-query call with ``q`` [B, H, T, D] runs one of the project's kernels rather than SDPA."""
+    return attention_op(q) is not None
 
 
 def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -106,9 +117,10 @@ def small_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) 
     kv, S = k.shape[1], k.shape[2]
     g = H // kv
     qg = q.reshape(B, kv, g * T, D)  # heads of a group share their k/v: queries (head, token) of the group
-    if native_attention(q):
+    op = attention_op(q)
+    if op is not None:
         rows = None if mask is None else mask.reshape(-1, T, S)
-        out = torch.ops.specdecode.small_attention(qg, k, v, rows, T)
+        out = getattr(torch.ops.specdecode, op)(qg, k, v, rows, T)
         return cast(Tensor, out).view(B, H, T, D)
     if mask is not None:
         mask = mask.reshape(-1, 1, 1, T, S).expand(-1, 1, g, T, S).reshape(-1, 1, g * T, S)

@@ -47,7 +47,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import specdecode.core as core_package
-from specdecode.core.attention import NATIVE_ATTENTION
+from specdecode.core.attention import NATIVE_ATTENTION, NATIVE_ATTENTION_AVX512
 from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
 from specdecode.core.compiled import CompiledSteps, GraphKey, check_compile_mode, span_buckets, use_steps
 from specdecode.core.kernels import native_loaded
@@ -126,7 +126,8 @@ def weights_identity(module: nn.Module) -> str:
     h = hashlib.sha256()
     h.update(repr((PACKAGE_VERSION, code_identity(), type(module).__name__, getattr(module, "config", None),
                    sorted(machine_key(torch.get_num_threads()).items()),
-                   native_loaded(NATIVE_ATTENTION))).encode())  # the graph calls the operator, or SDPA
+                   # the graph calls one of the attention operators, or SDPA
+                   [op for op in (NATIVE_ATTENTION_AVX512, NATIVE_ATTENTION) if native_loaded(op)])).encode())
     for prefix, owner in _held_modules(module):
         for name, t in owner.state_dict(keep_vars=True).items():
             flat = t.detach().reshape(-1)

@@ -2,9 +2,10 @@
 first use and kept in ``$SPECDECODE_CACHE/native/`` (13-15 s on a 2-core EPYC, once per source version; the build
 needs g++, which compiled steps need anyway, and ninja).
 
-Four modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA),
+Five modules, each built and loaded only where the CPU has its instructions: ``avx2`` (AVX2 + FMA),
 ``avx512`` (the same linear kernels with AVX-512 VNNI), ``rows`` (the row-invariant integer family,
-AVX-512 VNNI: ``core.quant``) and ``attention`` (few-query attention, AVX2 + FMA),
+AVX-512 VNNI: ``core.quant``), ``attention`` (few-query attention, AVX2 + FMA) and ``attention512`` (the
+same with AVX-512 BF16, preferred where loaded: ``core.attention``),
 each its own shared library, so no code compiled for AVX-512 can run on a CPU without it, and
 ``SPECDECODE_NATIVE`` can leave any one out of an A/B.
 
@@ -59,6 +60,10 @@ MODULES = (
     # its own module, so SPECDECODE_NATIVE=avx2,avx512 measures the linear kernels without it
     NativeModule("attention", _CSRC / "small_attention.cpp", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"),
                  ("small_attention",)),
+    NativeModule("attention512", _CSRC / "attention_avx512.cpp",
+                 frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
+                 ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"),
+                 ("small_attention_avx512",)),
 )
 
 _lock = threading.Lock()
@@ -168,4 +173,4 @@ def _register_fake(op: str) -> None:
     def attention(q: torch.Tensor, *rest: object) -> torch.Tensor:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
-    torch.library.register_fake(f"specdecode::{op}")(attention if op == "small_attention" else linear)
+    torch.library.register_fake(f"specdecode::{op}")(attention if op.startswith("small_attention") else linear)

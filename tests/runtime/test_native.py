@@ -4,7 +4,14 @@ the kernel plan only when loaded, equal to the formula, traceable into compiled 
 import pytest
 import torch
 
-from specdecode.core.attention import NATIVE_ATTENTION, SMALL_QUERY, native_attention, small_query_attention
+from specdecode.core.attention import (
+    NATIVE_ATTENTION,
+    NATIVE_ATTENTION_AVX512,
+    SMALL_QUERY,
+    attention_op,
+    native_attention,
+    small_query_attention,
+)
 from specdecode.core.quant import (
     NATIVE_I8_KERNELS,
     NATIVE_Q4_KERNELS,
@@ -37,15 +44,15 @@ def test_why_unavailable_names_the_cause(monkeypatch):
     monkeypatch.setenv("SPECDECODE_NATIVE", "avx2")  # an A/B of the modules: only those named load
     assert native.why_unavailable(frozenset({"avx2", "fma"})) is None
     assert native.why_unavailable(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}), avx512) == (
-        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512, rows, attention)")
+        "SPECDECODE_NATIVE=avx2 (the modules to load, of avx2, avx512, rows, attention, attention512)")
 
 
 def test_every_module_is_listed_with_its_operators():
     """Each kernel name the plan can choose runs an operator that some module registers."""
     ops = {op for m in native.MODULES for op in m.ops}
     named = set(NATIVE_Q4_KERNELS.values()) | set(NATIVE_I8_KERNELS.values())
-    assert named | {NATIVE_ATTENTION, ROWS_Q4, ROWS_I8} == ops
-    assert {m.name for m in native.MODULES} == {*ISAS, "rows", "attention"}
+    assert named | {NATIVE_ATTENTION, NATIVE_ATTENTION_AVX512, ROWS_Q4, ROWS_I8} == ops
+    assert {m.name for m in native.MODULES} == {*ISAS, "rows", "attention", "attention512"}
     assert all(m.source.exists() for m in native.MODULES)
 
 
@@ -237,14 +244,26 @@ def _attention_reference(q, k, v, mask):
         q.double(), k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1), attn_mask=mask)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_kernel_is_attention(loaded, dtype):
+# (operator, dtype): the AVX2 kernel takes fp32 and bf16, the AVX-512 BF16 one bf16
+ATTENTION_CASES = [(NATIVE_ATTENTION, torch.float32), (NATIVE_ATTENTION, torch.bfloat16),
+                   (NATIVE_ATTENTION_AVX512, torch.bfloat16)]
+
+
+def attention_kernel(name):
+    if not native_loaded(name):
+        pytest.skip(f"{name} is not loaded here (the CPU lacks its instructions)")
+    return getattr(torch.ops.specdecode, name)
+
+
+@pytest.mark.parametrize(("name", "dtype"), ATTENTION_CASES)
+def test_attention_kernel_is_attention(loaded, name, dtype):
     """Decode (1 query), verify (3-16 tokens), batches of rows with their own masks, key counts that are
-    not a multiple of the kernel's 8-key block, a wider head: against float64 attention. bf16 within
-    its output's rounding (the kernel's scores and sums are fp32)."""
-    op = torch.ops.specdecode.small_attention
+    not a multiple of the kernels' 8- and 16-key blocks, heads of 64, 96 and 128: against float64 attention.
+    bf16 within its output's rounding (the kernels' scores and sums are fp32)."""
+    op = attention_kernel(name)
     for B, T, S, masked, D in ((1, 1, 200, False, 64), (1, 3, 57, True, 64), (4, 5, 301, True, 64),
-                               (2, 16, 1000, True, 64), (3, 1, 9, True, 128), (1, 2, 1, False, 64)):
+                               (2, 16, 1000, True, 64), (3, 1, 9, True, 128), (1, 2, 1, False, 64),
+                               (1, 8, 33, True, 96)):
         q, k, v, mask = _attention_case(B, T, S, dtype, masked, seed=S, D=D)
         kv = k.shape[1]
         rows = None if mask is None else mask.reshape(-1, T, S)
@@ -257,11 +276,12 @@ def test_attention_kernel_is_attention(loaded, dtype):
         assert excess <= 0, (B, T, S, masked, D, excess)
 
 
-def test_attention_kernel_masks_exactly_and_refuses_bad_input(loaded):
+@pytest.mark.parametrize(("name", "dtype"), ATTENTION_CASES[1:])
+def test_attention_kernel_masks_exactly_and_refuses_bad_input(loaded, name, dtype):
     """A masked key contributes nothing (the same output with its value changed); one mask for every row
     broadcasts; bad shapes and dtypes are refused with what is wrong."""
-    op = torch.ops.specdecode.small_attention
-    q, k, v, _ = _attention_case(2, 2, 20, torch.float32, False)
+    op = attention_kernel(name)
+    q, k, v, _ = _attention_case(2, 2, 20, dtype, False)
     qg = q.reshape(2, 3, 6, 64)
     mask = torch.ones(1, 2, 20, dtype=torch.bool)
     mask[:, :, 5] = False
@@ -274,9 +294,10 @@ def test_attention_kernel_masks_exactly_and_refuses_bad_input(loaded):
         op(qg, k, v, mask.float(), 2)
     with pytest.raises(RuntimeError, match="multiple of tokens"):
         op(qg.reshape(2, 3, 4, 96)[..., :64].contiguous(), k, v, None, 3)
-    with pytest.raises(RuntimeError, match="all be float32 or all bfloat16"):
+    with pytest.raises(RuntimeError, match="all be float32 or all bfloat16" if name == NATIVE_ATTENTION
+                       else "all be bfloat16"):
         op(qg.double(), k.double(), v.double(), None, 2)
-    with pytest.raises(RuntimeError, match="multiple of 8"):
+    with pytest.raises(RuntimeError, match="multiple of 8" if name == NATIVE_ATTENTION else "multiple of 32"):
         op(qg[..., :60].contiguous(), k[..., :60].contiguous(), v[..., :60].contiguous(), None, 2)
 
 
@@ -286,6 +307,9 @@ def test_bf16_few_query_attention_runs_the_kernel_into_a_graph(loaded):
     prefill chunks of more tokens); it traces into a compiled graph (its fake)."""
     q, k, v, mask = _attention_case(2, 1, 40, torch.bfloat16, True, seed=3)
     assert native_attention(q) and not native_attention(q.float()) and not native_attention(q.double())
+    # the AVX-512 BF16 kernel where loaded, for heads of a multiple of 32; else the AVX2 one
+    best = NATIVE_ATTENTION_AVX512 if native_loaded(NATIVE_ATTENTION_AVX512) else NATIVE_ATTENTION
+    assert attention_op(q) == best and attention_op(q[..., :40]) == NATIVE_ATTENTION
     assert native_attention(_attention_case(2, 3, 40, torch.bfloat16, True, seed=3)[0])
     assert not native_attention(_attention_case(1, SMALL_QUERY + 1, 40, torch.bfloat16, True, seed=3)[0])
     with torch.inference_mode():
@@ -439,18 +463,35 @@ def test_rows_kernel_compiles_into_a_graph(rows_family):
     assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_kernel_a_query_depends_only_on_the_keys_it_sees(loaded, dtype):
+@pytest.mark.parametrize(("name", "dtype"), ATTENTION_CASES)
+def test_attention_kernel_a_query_depends_only_on_the_keys_it_sees(loaded, name, dtype):
     """A query that sees keys [0, p] gets the same bits over S = p + 1 keys (a token decoded alone) as over
     more keys masked past p with other queries beside it (the same token in a verify), for key counts on and
-    off the kernel's blocks of 8."""
-    for p in (6, 7, 8, 29, 40):
+    off the kernels' blocks of 8 and 16."""
+    op = attention_kernel(name)
+    for p in (6, 7, 8, 15, 16, 29, 40):
         q, k, v, _ = _attention_case(1, 4, p + 9, dtype, False, seed=p)
-        alone = torch.ops.specdecode.small_attention(q[:, :, :1].reshape(1, 3, 3, 64), k[:, :, :p + 1],
-                                                     v[:, :, :p + 1], None, 1)
+        alone = op(q[:, :, :1].reshape(1, 3, 3, 64), k[:, :, :p + 1], v[:, :, :p + 1], None, 1)
         mask = torch.zeros(1, 4, p + 9, dtype=torch.bool)
         mask[0, 0, :p + 1] = True  # the first query: keys 0..p; the others see more
         mask[0, 1:, :] = True
         qg = q.reshape(1, 3, 3, 4, 64).reshape(1, 3, 12, 64)  # (head, token) rows, token fastest
-        together = torch.ops.specdecode.small_attention(qg, k, v, mask, 4).reshape(1, 3, 3, 4, 64)[:, :, :, 0]
+        together = op(qg, k, v, mask, 4).reshape(1, 3, 3, 4, 64)[:, :, :, 0]
         assert torch.equal(together, alone), p
+
+
+@pytest.mark.parametrize(("name", "dtype"), ATTENTION_CASES)
+def test_attention_kernel_rows_and_tokens_get_their_own_bits(loaded, name, dtype):
+    """Each row of a batch, and each token of a 16-token verify under a tree-like mask, gets the bits it gets
+    alone: the kernels split rows and queries into tasks, never sums."""
+    op = attention_kernel(name)
+    B, T, S = 3, 16, 60
+    q, k, v, mask = _attention_case(B, T, S, dtype, True, seed=11)
+    qg, rows = q.reshape(B, 3, 3, T, 64).reshape(B, 3, 3 * T, 64), mask.reshape(B, T, S)
+    together = op(qg, k, v, rows, T).reshape(B, 3, 3, T, 64)
+    for b in range(B):
+        assert torch.equal(op(qg[b:b + 1], k[b:b + 1], v[b:b + 1], rows[b:b + 1], T).reshape(1, 3, 3, T, 64),
+                           together[b:b + 1]), b
+        for t in (0, 5, 15):
+            alone = op(q[b:b + 1, :, t:t + 1].reshape(1, 3, 3, 64), k[b:b + 1], v[b:b + 1], rows[b:b + 1, t:t + 1], 1)
+            assert torch.equal(alone, together[b:b + 1, :, :, t]), (b, t)
