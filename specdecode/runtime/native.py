@@ -73,6 +73,8 @@ _state: dict[str, str | None] = {}  # module name: None once loaded, else why no
 def source_identity(module: NativeModule = MODULES[0]) -> str:
     h = hashlib.sha256()
     h.update(module.source.name.encode() + module.source.read_bytes())
+    for header in sorted(_CSRC.glob("*.h")):  # what the sources include
+        h.update(header.name.encode() + header.read_bytes())
     h.update(" ".join(module.cflags).encode())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:12]

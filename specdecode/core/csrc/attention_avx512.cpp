@@ -16,6 +16,8 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include "attention_args.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,24 +27,22 @@
 
 namespace {
 
+using namespace specdecode_attention;
+
 constexpr int64_t KB = 16;  // keys a block of scores
 // query rows a task (scores, softmax, values; verifies spread over threads), each value row converted once
 // for all of them: 6 x 64 outputs of sums, the value row and the weight fit the 32 registers
 constexpr int64_t TASK_ROWS = 6;
 
-// e^x for x <= 0 (scores less their maximum): the AVX2 kernel's Cephes polynomial in 16 lanes
+// e^x for x <= 0 (scores less their maximum): the AVX2 kernel's polynomial (attention_args.h) in 16 lanes
 inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN));
+  const __m512 fx =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(LN2_HI), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(LN2_LO), x);
+  __m512 y = _mm512_set1_ps(EXP_POLY[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(EXP_POLY[i]));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
@@ -186,34 +186,16 @@ void attend(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
 
 at::Tensor small_attention_avx512(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                                   const c10::optional<at::Tensor>& mask_in, int64_t tokens) {
-  const char* op = "small_attention_avx512";
-  TORCH_CHECK(q_in.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": q, k, v must be 4-d [B, KV, rows, D]");
-  const int64_t B = q_in.size(0), KV = q_in.size(1), G = q_in.size(2), D = q_in.size(3), S = k.size(2);
-  TORCH_CHECK(k.size(0) == B && k.size(1) == KV && k.size(3) == D && v.sizes() == k.sizes(), op,
-              ": k and v must be [B, KV, S, D] matching q ", q_in.sizes(), ", got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK(q_in.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-                  v.scalar_type() == at::kBFloat16,
-              op, ": q, k, v must all be bfloat16 (small_attention takes float32)");
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == D && v.stride(2) == D && D % 32 == 0, op,
-              ": k and v must be cache views with contiguous [S, D] per head, D a multiple of 32");
-  TORCH_CHECK(tokens >= 1 && G % tokens == 0, op, ": rows (", G, ") must be a multiple of tokens (", tokens, ")");
-  TORCH_CHECK(S >= 1, op, ": at least one key");
-  const at::Tensor q = q_in.contiguous();
-  const bool* mask = nullptr;
-  int64_t mb = 0, mt = 0, ms = 0;
-  at::Tensor m;
-  if (mask_in.has_value() && mask_in->defined()) {
-    m = *mask_in;
-    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 3 && (m.size(0) == 1 || m.size(0) == B) &&
-                    m.size(1) == tokens && m.size(2) == S,
-                op, ": mask must be bool [1 or ", B, ", ", tokens, ", ", S, "], got ", m.sizes());
-    mask = m.data_ptr<bool>();
-    mb = m.size(0) == 1 ? 0 : m.stride(0);
-    mt = m.stride(1);
-    ms = m.stride(2);
-  }
+  const auto bf16 = at::kBFloat16;
+  const Args a = check_args("small_attention_avx512", q_in, k, v, mask_in, tokens,
+                            q_in.scalar_type() == bf16 && k.scalar_type() == bf16 && v.scalar_type() == bf16,
+                            "bfloat16 (small_attention takes float32)", 32);
+  TORCH_CHECK(a.S >= 1, "small_attention_avx512: at least one key");
+  const int64_t B = a.B, KV = a.KV, G = a.G, D = a.D, S = a.S, mb = a.mb, mt = a.mt, ms = a.ms;
+  const at::Tensor& q = a.q;
+  const bool* mask = a.mask;
+  const float scale = a.scale;
   at::Tensor out = at::empty({B, KV, G, D}, q.options());
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t tiles = (G + TASK_ROWS - 1) / TASK_ROWS;
   // threads only where the work pays for waking them: about 2^17 multiply-adds a task
   const int64_t work = 2 * std::min<int64_t>(G, TASK_ROWS) * S * D;

@@ -14,6 +14,8 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include "attention_args.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -22,6 +24,8 @@
 #include <vector>
 
 namespace {
+
+using namespace specdecode_attention;
 
 inline void to_float(const float* x, float* out, int64_t n) { std::copy(x, x + n, out); }
 inline void to_float(const at::BFloat16* x, float* out, int64_t n) {  // bf16 -> fp32: the 16 bits become the high half
@@ -56,17 +60,12 @@ inline __m256 hsum8(const __m256* a) {
 
 // e^x, 8 at a time (Cephes' expf polynomial, about 1 ulp in fp32), for x <= 0 (scores less their maximum)
 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(LN2_HI), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(LN2_LO), x);
+  __m256 y = _mm256_set1_ps(EXP_POLY[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_POLY[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
@@ -161,33 +160,15 @@ void attend(const T* q, const T* k_in, const T* v_in, const bool* mask, int64_t 
 
 at::Tensor small_attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
                            const c10::optional<at::Tensor>& mask_in, int64_t tokens) {
-  TORCH_CHECK(q_in.dim() == 4 && k.dim() == 4 && v.dim() == 4, "small_attention: q, k, v must be 4-d [B, KV, rows, D]");
-  const int64_t B = q_in.size(0), KV = q_in.size(1), G = q_in.size(2), D = q_in.size(3), S = k.size(2);
-  TORCH_CHECK(k.size(0) == B && k.size(1) == KV && k.size(3) == D && v.sizes() == k.sizes(),
-              "small_attention: k and v must be [B, KV, S, D] matching q ", q_in.sizes(), ", got ", k.sizes(), " and ",
-              v.sizes());
-  TORCH_CHECK(q_in.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
-                  (q_in.scalar_type() == at::kFloat || q_in.scalar_type() == at::kBFloat16),
-              "small_attention: q, k, v must all be float32 or all bfloat16");
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == D && v.stride(2) == D && D % 8 == 0,
-              "small_attention: k and v must be cache views with contiguous [S, D] per head, D a multiple of 8");
-  TORCH_CHECK(tokens >= 1 && G % tokens == 0, "small_attention: rows (", G, ") must be a multiple of tokens (", tokens, ")");
-  const at::Tensor q = q_in.contiguous();
-  const bool* mask = nullptr;
-  int64_t mb = 0, mt = 0, ms = 0;
-  at::Tensor m;
-  if (mask_in.has_value() && mask_in->defined()) {
-    m = *mask_in;
-    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 3 && (m.size(0) == 1 || m.size(0) == B) &&
-                    m.size(1) == tokens && m.size(2) == S,
-                "small_attention: mask must be bool [1 or ", B, ", ", tokens, ", ", S, "], got ", m.sizes());
-    mask = m.data_ptr<bool>();
-    mb = m.size(0) == 1 ? 0 : m.stride(0);
-    mt = m.stride(1);
-    ms = m.stride(2);
-  }
+  const auto st = q_in.scalar_type();
+  const Args a = check_args("small_attention", q_in, k, v, mask_in, tokens,
+                            st == k.scalar_type() && st == v.scalar_type() && (st == at::kFloat || st == at::kBFloat16),
+                            "float32 or all bfloat16", 8);
+  const int64_t B = a.B, KV = a.KV, G = a.G, D = a.D, S = a.S, mb = a.mb, mt = a.mt, ms = a.ms;
+  const at::Tensor& q = a.q;
+  const bool* mask = a.mask;
+  const float scale = a.scale;
   at::Tensor out = at::empty({B, KV, G, D}, q.options());
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
   // threads only where the work pays for waking them: about 2^17 multiply-adds a task
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, 2 * G * S * D));
   const auto run = [&](auto zero) {
