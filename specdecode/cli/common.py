@@ -52,9 +52,10 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
     g.add_argument("--activations", default=DEFAULT_ACTIVATIONS, choices=tuple(ACTIVATIONS),
                    help="how int8 and 4-bit layers quantize their activations, per block of 32, in the "
                         "row-invariant integer kernels (AVX-512 VNNI CPUs): int8 (as llama.cpp's Q8 blocks; the "
-                        "fastest at several rows; held-out perplexity +1.8%% over bf16 native) or int16 (+0.2%%). "
-                        "Part of the format: recorded in results, plans and stored graphs "
-                        f"(benchmarks/results/row-invariant/). Default: {DEFAULT_ACTIVATIONS}")
+                        "fastest at several rows, the most perplexity), int16 (closest to bf16) or mixed (int16 "
+                        "into the attention projections and down_proj, int8 elsewhere). Part of the format: "
+                        "recorded in results, plans and stored graphs (measured: benchmarks/results/activations/). "
+                        f"Default: {DEFAULT_ACTIVATIONS}")
     g.add_argument("--compile", default="auto", choices=COMPILE_MODES,
                    help="decode, verify and draft steps compiled, one graph per shape bucket: on CPU exported and "
                         "compiled ahead of time (AOTInductor, freezing) and stored in $SPECDECODE_CACHE/graphs, so a "

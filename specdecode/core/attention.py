@@ -80,17 +80,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 SMALL_QUERY = 16
 
 
-# A bf16 decode call (one token per row) on a CPU runs the project's own kernel (csrc/small_attention.cpp,
-# runtime.native's attention module) where it is registered. Measured on the Zen4 EPYC, 2 threads, SmolLM2's
-# 9 heads over 3 KV heads, one process, 5 alternated rounds (us per call, SDPA against the kernel):
-# 1 token 57/35 at 256 keys, 75/46 at 512, 137/86 at 1024; but 3 tokens 102/124, 5 tokens 131/136,
-# 8 tokens 204/268 at 512 keys. Verifies run it all the same: a query's result depends only on the keys it
-# sees (not on the key count or the other queries), so a token verified among k gets the bits it gets decoded
-# alone, which SDPA (another summation order per query count) does not give; with the row-invariant linear
-# kernels (core.quant) greedy speculative output then equals plain decoding. fp32 and float64 stay on SDPA:
-# exactness tests and `check` compare them with transformers token for token.
-# The AVX-512 BF16 kernel where loaded (it needs D a multiple of 32), else the AVX2 one: fixed per machine and
-# model, so every call of a run takes the same one (benchmarks/results/attention-avx512/).
+# bf16 decode and verify calls (1-16 query tokens a row) on a CPU run the project's own kernels (runtime.native):
+# the AVX-512 BF16 one where loaded (heads a multiple of 32), else the AVX2 one; fixed per machine and model, so
+# every call of a run takes the same one. A query's result depends only on the keys it sees (not on the key
+# count or the other queries), so a token verified among k gets the bits it gets decoded alone, which SDPA
+# (another summation order per query count) does not give; with the row-invariant linear kernels (core.quant)
+# greedy speculative output equals plain decoding. fp32 and float64 stay on SDPA: exactness tests and `check`
+# compare them with transformers token for token. Figures: benchmarks/results/attention-avx512/.
 NATIVE_ATTENTION = "small_attention"
 NATIVE_ATTENTION_AVX512 = "small_attention_avx512"
 NATIVE_ATTENTION_TOKENS = SMALL_QUERY

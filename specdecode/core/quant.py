@@ -72,10 +72,18 @@ NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
 # a choice of format (``--activations``); the kernel name carries it, so plans and stored graphs differ. It is
 # also the static rule at every row count (on the Zen4 EPYC the measured plan took it at every bucket, 1-256).
 ROWS_Q4, ROWS_I8 = "q4_rows", "i8_rows"  # the operators
-ACTIVATIONS = {"int8": 8, "int16": 16}  # --activations: bits of the quantized activations
-# int16 by measurement: held-out perplexity 15.955 against bf16 native's 15.923 (+0.2%), int8 16.215 (+1.8%, past
-# the 1% bar a default format must hold); int8 verifies cheaper (benchmarks/results/row-invariant/)
+# --activations: bits of the quantized activations per kind of layer (its attribute name; "*": the rest)
+ACTIVATIONS: dict[str, dict[str, int]] = {
+    "int16": {"*": 16},
+    "int8": {"*": 8},
+    # int16 where int8 cost most perplexity (the inputs of the attention projections and of down_proj), int8
+    # for the rest (gate_up, o_proj, lm_head: 68% of the multiply-adds)
+    "mixed": {"qkv_proj": 16, "down_proj": 16, "*": 8},
+}
+# int16 by measurement: held-out perplexity 15.955 against bf16 native's 15.923 and llama.cpp's 15.996 on the
+# same GGUF and text; int8 16.215, mixed 16.001; int8 verifies cheaper (benchmarks/results/row-invariant/)
 DEFAULT_ACTIVATIONS = "int16"
+ACTIVATION_BITS = (8, 16)  # what the row-invariant family's kernels take
 ROW_INVARIANT_ROWS = 16
 _ROWS_TILE = 16  # output rows a tile of the packed layout
 
@@ -85,21 +93,23 @@ def rows_kernel(op: str, bits: int) -> str:
     return f"{op}_a{bits}"
 
 
-def activation_bits(name: str) -> int:
-    """Bits of the ``--activations`` choice ``name``; an unknown name is refused, naming the known ones."""
+def activation_bits(name: str, kind: str = "*") -> int:
+    """Bits the ``--activations`` choice ``name`` gives layers of ``kind`` (a layer's attribute name, e.g.
+    ``down_proj``); an unknown name is refused, naming the known ones."""
     if name not in ACTIVATIONS:
         raise ValueError(f"unknown activations {name!r}; use one of {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
+    policy = ACTIVATIONS[name]
+    return policy.get(kind, policy["*"])
 
 
 def set_activations(model: nn.Module, name: str) -> int:
-    """Quantize the activations of ``model``'s int8 and 4-bit layers to ``name`` (ACTIVATIONS) where they run
-    the row-invariant family; returns how many layers were set."""
-    bits = activation_bits(name)
+    """Quantize the activations of ``model``'s int8 and 4-bit layers as ``name`` (ACTIVATIONS) says for each
+    kind of layer, where they run the row-invariant family; returns how many layers were set."""
+    activation_bits(name)
     count = 0
-    for m in model.modules():
+    for path, m in model.named_modules():
         if isinstance(m, (Int8Linear, Int4Linear)):
-            m.act_bits = bits
+            m.act_bits = activation_bits(name, path.rsplit(".", 1)[-1])
             count += 1
     return count
 
@@ -193,7 +203,7 @@ class Int8Linear(QuantizedDispatch, nn.Module):
         packable = _rows_packable(self.out_features, self.in_features, weight.dtype, weight.device)
         self.register_buffer("rows_packed", pack_i8_rows(self.weight_int8) if packable else
                              torch.empty(0, dtype=torch.uint8), persistent=False)
-        self.act_bits = ACTIVATIONS[DEFAULT_ACTIVATIONS]
+        self.act_bits = activation_bits(DEFAULT_ACTIVATIONS)  # set_activations sets each kind
 
     def dequantized(self) -> Tensor:
         """The weight this layer computes with, in the model dtype (for tests and reference)."""
@@ -299,7 +309,7 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         packable = _rows_packable(out_f, in_f, dtype, q.device)
         self.register_buffer("rows_packed", pack_q4_rows(q, self.scales, self.zeros) if packable else
                              torch.empty(0, dtype=torch.uint8), persistent=False)
-        self.act_bits = ACTIVATIONS[DEFAULT_ACTIVATIONS]
+        self.act_bits = activation_bits(DEFAULT_ACTIVATIONS)  # set_activations sets each kind
 
     def unpacked(self) -> Tensor:
         """q [out, in] uint8 in 0..15."""
@@ -384,6 +394,7 @@ def quantize_weights(model: nn.Module, weights: str) -> int:
                if isinstance(child, nn.Linear)]
     for parent, name, child in targets:
         setattr(parent, name, Int8Linear(child.weight, child.bias))
+    set_activations(model, DEFAULT_ACTIVATIONS)
     return len(targets)
 
 

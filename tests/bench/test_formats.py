@@ -22,7 +22,7 @@ def test_parse_format():
     assert format_name(*parse_format(f"bfloat16:native::{other}")) == "bfloat16:native"  # no quantized layers
     for bad in ("bfloat16:int4", "bfloat16:native:fast", "bfloat16:int8:auto:x", "bfloat16:int8:auto:int8:x"):
         with pytest.raises(ValueError, match="weights one of native, int8, q4, kernels one of auto, static and "
-                                             "activations one of int8, int16"):
+                                             "activations one of int16, int8, mixed"):
             parse_format(bad)
 
 

@@ -16,7 +16,7 @@ from specdecode.core.kernels import (
     pack,
 )
 from specdecode.core.quant import (
-    ACTIVATIONS,
+    ACTIVATION_BITS,
     GRAPH_FOLD_MIN_ROWS,
     NATIVE_I8_KERNELS,
     NATIVE_Q4_KERNELS,
@@ -112,7 +112,7 @@ def test_a_measured_plan_changes_no_greedy_output(dtype, weights, monkeypatch):
     # int8pack's 12.4%, but 6.5% from int8pack's, beyond this test's tolerance between two paths; they have
     # their own tests against float64 (test_native)
     native = set(NATIVE_Q4_KERNELS) | set(NATIVE_I8_KERNELS) | {rows_kernel(op, b) for op in (ROWS_Q4, ROWS_I8)
-                                                                 for b in ACTIVATIONS.values()}
+                                                                 for b in ACTIVATION_BITS}
     forced = {k: [next((x for x in groups[k][0].kernel_candidates(1) if x not in ("aten", "int8pack", *native)),
                        "aten")] * len(ROW_BUCKETS) for k in choices}
     assert apply_kernels(model, forced) == sum(len(groups[k]) for k in choices)

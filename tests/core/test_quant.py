@@ -6,7 +6,14 @@ import torch
 from specdecode.core.drafter import random_drafter
 from specdecode.core.kernels import Linear
 from specdecode.core.lossless import check_lossless
-from specdecode.core.quant import Int8Linear, quantize_weights, weight_format
+from specdecode.core.quant import (
+    ACTIVATIONS,
+    DEFAULT_ACTIVATIONS,
+    Int8Linear,
+    quantize_weights,
+    set_activations,
+    weight_format,
+)
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from tests.core.test_lossless import PROMPTS, DigitTokenizer
 from tests.helpers import tiny_model
@@ -101,3 +108,19 @@ def test_int4_refuses_bad_blocks():
         Int4Linear(torch.zeros(4, 48, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1), torch.float32)
     with pytest.raises(ValueError, match="0..15"):
         Int4Linear(torch.full((4, 32), 16), torch.ones(4, 1), torch.zeros(4, 1), torch.float32)
+
+
+def test_activations_set_each_kind_of_layer():
+    """--activations: every int8 layer takes the default's bits when quantized; mixed gives the attention
+    projections and down_proj int16 and the rest int8; an unknown choice is refused with the known ones."""
+    model = tiny_model(dtype=torch.bfloat16)
+    n = quantize_weights(model, "int8")
+    layers = {path.rsplit(".", 1)[-1]: m for path, m in model.named_modules() if isinstance(m, Int8Linear)}
+    assert {"qkv_proj", "down_proj", "gate_up_proj", "o_proj", "lm_head"} <= set(layers)
+    default = ACTIVATIONS[DEFAULT_ACTIVATIONS]
+    assert all(m.act_bits == default.get(kind, default["*"]) for kind, m in layers.items())
+    assert set_activations(model, "mixed") == n
+    bits = {path.rsplit(".", 1)[-1]: m.act_bits for path, m in model.named_modules() if isinstance(m, Int8Linear)}
+    assert bits == {"qkv_proj": 16, "down_proj": 16, "gate_up_proj": 8, "o_proj": 8, "lm_head": 8}
+    with pytest.raises(ValueError, match="unknown activations 'int4'; use one of int16, int8, mixed"):
+        set_activations(model, "int4")
