@@ -80,7 +80,7 @@ def test_formats_command_measures_speed_and_quality(tmp_path):
     assert 0 <= llama["top1_agreement"] <= 1 and llama["greedy_prompts"] == 2
     assert llama["greedy_identical"] == 0 and llama["mean_first_divergence"] == 0  # 7 is nobody's first answer
     opened = [json.loads(line) for line in (tmp_path / "llama.txt").read_text().splitlines()]
-    assert [o["logits_all"] for o in opened] == [True, False] and all(o["n_threads"] == 2 for o in opened)
+    assert [o.get("logits_all", False) for o in opened] == [True, False] and all(o["n_threads"] == 2 for o in opened)
     calls = (tmp_path / "args.txt").read_text().splitlines()
     assert len(calls) == 2 and all("-d 200 -t 2" in c and c.startswith("-m ") and ".gguf" in c for c in calls)
 
