@@ -199,7 +199,7 @@ def open_llama(name: str, model_path: Path, threads: int, n_ctx: int = 4096, log
     except ImportError as e:
         raise ValueError(f"{name!r} needs llama-cpp-python ({e}): pip install 'specdecode[llamacpp]' "
                          "(it builds llama.cpp from source)") from None
-    extra = {"logits_all": True} if logits_all else {}  # asked only to score text
+    extra: dict[str, Any] = {"logits_all": True} if logits_all else {}  # asked only to score text
     return Llama(model_path=str(model_path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
                  verbose=False, **extra)
 
