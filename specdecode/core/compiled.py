@@ -366,19 +366,28 @@ def _pad(tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, Bp: int
 
 _configured: set[str] = set()
 
+# Inductor options of every compiled step, ``torch.compile``'s and the stored packages' alike.
+# ``emulate_precision_casts``: a fused kernel rounds each intermediate to the model's dtype where eager
+# would, so a bf16 row gets the same bits in every graph (a verify's k tokens, a batch's rows, a graph
+# with taps as one without) and greedy speculative output equals plain decoding (issue 47: without it,
+# 5/13 Spec-Bench prompts stayed identical with stored graphs; benchmarks/results/q4-speculation).
+INDUCTOR_OPTIONS: dict[str, dict[str, Any]] = {
+    "cpu": {"freezing": True, "cpp_wrapper": True, "emulate_precision_casts": True},
+    "cuda": {"emulate_precision_casts": True},
+}
+
 
 def configure_inductor(device_type: str) -> None:
-    """Inductor settings for compiled steps, set once: freezing and the C++ wrapper on CPU (see the
-    module docstring), one cache entry per bucket (the default recompile limit of 8 is below the
+    """Inductor settings for compiled steps, set once: ``INDUCTOR_OPTIONS`` (on CPU freezing and the
+    C++ wrapper, see the module docstring), one cache entry per bucket (the default recompile limit of 8 is below the
     number of buckets a server meets)."""
     if device_type in _configured:
         return
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
-    if device_type == "cpu":
-        inductor_config.freezing = True
-        inductor_config.cpp_wrapper = True
+    for name, value in INDUCTOR_OPTIONS.get(device_type, {}).items():
+        setattr(inductor_config, name, value)
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
     _configured.add(device_type)

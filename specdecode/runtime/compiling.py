@@ -49,7 +49,14 @@ from torch import nn
 import specdecode.core as core_package
 from specdecode.core.attention import NATIVE_ATTENTION, NATIVE_ATTENTION_AVX512
 from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
-from specdecode.core.compiled import CompiledSteps, GraphKey, check_compile_mode, span_buckets, use_steps
+from specdecode.core.compiled import (
+    INDUCTOR_OPTIONS,
+    CompiledSteps,
+    GraphKey,
+    check_compile_mode,
+    span_buckets,
+    use_steps,
+)
 from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
 from specdecode.core.speculative import SpecConfig
@@ -106,6 +113,12 @@ def code_identity() -> str:
     for src in sorted((root / "csrc").glob("*.cpp")):  # the native kernels graphs call (runtime.native)
         h.update(src.name.encode() + src.read_bytes())
     return h.hexdigest()[:16]
+
+
+def package_options() -> dict[str, Any]:
+    """The inductor options of a stored (AOTInductor) CPU graph: the compiled steps' own, less the C++
+    wrapper (an AOTInductor package is C++ through and through)."""
+    return {k: v for k, v in INDUCTOR_OPTIONS["cpu"].items() if k != "cpp_wrapper"}
 
 
 def _held_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -260,7 +273,7 @@ class PackageStore:
             tmp.parent.mkdir(exist_ok=True)
             try:
                 torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                                         inductor_configs={"freezing": True})
+                                                         inductor_configs=package_options())
                 os.replace(tmp, path)  # whole or not at all
             finally:
                 tmp.unlink(missing_ok=True)
