@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     p.add_argument("--out", required=True,
                    help="output directory (config.json + model.safetensors), or the .gguf file for --format gguf")
+    p.add_argument("--overwrite", action="store_true",
+                   help="remove what --out holds first instead of refusing a non-empty directory or an existing file")
     p.add_argument("--outtype", choices=GGUF_OUTTYPES, default="f32",
                    help="--format gguf: the 2-D weights' type (norms stay f32; default: f32)")
     p.add_argument("--aux-layer-convention", choices=ENGINES, default=None,
@@ -33,7 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdecode.integrations.export import export_drafter
+    from specdecode.io.paths import prepare_output
 
+    prepare_output(args.out, "--out", args.overwrite)  # before the target loads
     if args.format == "gguf":
         from specdecode.io.llamacpp import export_drafter_gguf
 

@@ -38,7 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "SGLang/vLLM/SpecForge format.")
     d = TrainConfig(data="", out="")
     p.add_argument("--data", required=True, help="data directory from `specdecode data build`")
-    p.add_argument("--out", required=True, help="output drafter directory (checkpoint inside; resumes if present)")
+    p.add_argument("--out", required=True, help="output drafter directory (checkpoint inside; resumes if present); "
+                                                "one that holds anything else is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="empty --out first (its checkpoint included: the run starts over) instead of refusing it")
     p.add_argument("--model", default=None, help="target model (default: the SmolLM2 GGUF)")
     for name in INT_FIELDS:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name), help=FIELD_HELP.get(name))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 from specdecode.io.errors import ModelLoadError
@@ -95,3 +96,28 @@ def file_hash(path: str | Path | None, cache: dict[tuple[str, int, int], str] | 
         h.update(f.relative_to(p).as_posix().encode() if p.is_dir() else b"")
         h.update(digest.encode())
     return h.hexdigest()[:16]
+
+
+def prepare_output(out: str | Path, flag: str, overwrite: bool, resumable: str | None = None) -> bool:
+    """Make ``out`` ready to be written whole, before any expensive work. A directory (or, for a path
+    ending in a file suffix such as ``.gguf``, a file) that already holds something is refused unless
+    ``overwrite``, which removes it first, so that old files never sit beside new ones. A directory
+    holding ``resumable`` (e.g. ``checkpoint``) is a run to resume and kept; returns whether it is one."""
+    path = Path(out)
+    if path.suffix and not path.is_dir():  # a single file
+        if path.exists() and not overwrite:
+            raise ValueError(f"{flag} {path} already exists; give a new path, or pass --overwrite to replace it")
+        return False
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file, not a directory; give a directory path")
+    if not path.is_dir() or not any(path.iterdir()):
+        return False
+    if overwrite:
+        shutil.rmtree(path)
+        return False
+    if resumable is not None and (path / resumable).exists():
+        return True
+    names = sorted(c.name for c in path.iterdir())
+    held = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    raise ValueError(f"{flag} {path} is not empty ({held}); give a new directory, or pass --overwrite to remove "
+                     f"what it holds first")

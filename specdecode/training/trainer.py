@@ -26,6 +26,7 @@ from specdecode.core.model import DecoderLayer, Transformer
 from specdecode.io.checkpoints import load_drafter, save_drafter
 from specdecode.io.hf import load_hf_dir
 from specdecode.io.loading import parse_dtype, resolve_model_dir
+from specdecode.io.paths import prepare_output
 from specdecode.runtime.autoformat import fast_bf16
 from specdecode.runtime.device import resolve_device
 from specdecode.training.checkpoint import load_checkpoint, save_checkpoint
@@ -96,6 +97,9 @@ class TrainConfig:
     # length (chain of ttt_steps; SpecForge keeps a checkpoint per evaluation and picks by acceptance
     # too), or "last". v3's held-out curve was flat after epoch 5 of 8 while training accuracy rose.
     select: str = "best"
+    # An --out that holds something other than this run's checkpoint is refused unless overwrite (it is then
+    # emptied first): a new drafter never lands beside another's acceptance table or model card.
+    overwrite: bool = False
     # Epochs chosen by the held-out curve: stop once this many evaluations in a row have not beaten
     # the best by min_delta (0: run every epoch). ``epochs`` is then the most the schedule allows.
     patience: int = 0
@@ -314,6 +318,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     report = on_progress or (lambda _: None)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
+    prepare_output(out, "--out", cfg.overwrite, resumable="checkpoint")
     ds = DataSet(cfg.data)
     rows = ds.samples("train")
     heldout = ds.samples("heldout")

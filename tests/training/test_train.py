@@ -566,3 +566,25 @@ def test_skip_samples_trains_on_the_later_samples_only(tiny_setup):
     proc = subprocess.run(train_cmd(model_dir, data, tmp / "other", "--skip-samples", "-1", "--max-steps", "2"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "give numbers of samples >= 0" in proc.stderr
+
+
+def test_train_refuses_an_out_that_holds_another_drafter_unless_overwrite(tiny_setup):
+    """A trained drafter (no checkpoint of this run beside it) is not silently replaced: exit 2 and its
+    files untouched; --overwrite empties the directory first, so no old acceptance table or model card
+    is left beside the new weights."""
+    model_dir, data, tmp = tiny_setup
+    out = tmp / "taken"
+    out.mkdir()
+    for name, text in (("config.json", "{}"), ("acceptance.json", "{}"), ("README.md", "old card")):
+        (out / name).write_text(text)
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    refused = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "2"), capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    done = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "2", "--overwrite"), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    names = {p.name for p in out.iterdir()}
+    assert "model.safetensors" in names and not names & {"acceptance.json", "README.md"}
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
