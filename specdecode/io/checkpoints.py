@@ -26,6 +26,7 @@ from specdecode.core.drafter import DrafterConfig, Eagle3Drafter, default_aux_la
 from specdecode.core.model import ModelConfig, Transformer
 from specdecode.io.errors import DrafterMismatchError
 from specdecode.io.hf import read_config_json, read_safetensors
+from specdecode.io.paths import share_readable
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,7 @@ def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | 
             v = v.to(dtype)
         state[k] = v.contiguous().cpu()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    share_readable(path / "model.safetensors")
     cfg = config_to_hf(drafter.config)
     cfg["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
     cfg.update(extra_config or {})

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from specdecode.io.errors import ModelLoadError
-from specdecode.io.paths import cache_root, file_fingerprint
+from specdecode.io.paths import cache_root, file_fingerprint, share_readable
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -224,6 +224,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         tensors[name] = data.contiguous()
 
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"source": str(gguf_path)})
+    share_readable(out_dir / "model.safetensors")
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
     from transformers import AutoTokenizer
@@ -263,6 +264,7 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
         convert_gguf(gguf_path, tmp)
+        share_readable(tmp)  # vLLM or SGLang may run as another user
         with contextlib.suppress(OSError):  # another process converted it first
             tmp.rename(out)
     finally:

@@ -121,3 +121,10 @@ def prepare_output(out: str | Path, flag: str, overwrite: bool, resumable: str |
     held = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     raise ValueError(f"{flag} {path} is not empty ({held}); give a new directory, or pass --overwrite to remove "
                      f"what it holds first")
+
+
+def share_readable(path: str | Path) -> None:
+    """Let other users read what we wrote (an engine running as another user loads our exports and
+    conversions): files 0644, directories 0755. safetensors writes 0600 and ``mkdtemp`` makes 0700."""
+    p = Path(path)
+    p.chmod(0o755 if p.is_dir() else 0o644)

@@ -194,3 +194,19 @@ def test_export_refuses_a_non_empty_out_before_loading_anything(tmp_path):
     done = run_specdecode("export", "--format", "vllm", "--out", str(out), "--overwrite", check=False)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_exported_and_converted_files_are_readable_by_other_users(tmp_path, monkeypatch):
+    """An engine running as another user reads our exports and the GGUF's conversion (safetensors
+    writes 0600, mkdtemp 0700)."""
+    from specdecode.integrations.export import export_drafter
+    from specdecode.io.gguf import gguf_cache_dir
+    from specdecode.io.paths import default_model_path
+
+    export_drafter(None, None, "vllm", tmp_path / "e")
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "e" / name).stat().st_mode & 0o777 == 0o644, name
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # converted afresh
+    converted = gguf_cache_dir(default_model_path())
+    assert converted.stat().st_mode & 0o777 == 0o755
+    assert (converted / "model.safetensors").stat().st_mode & 0o777 == 0o644
