@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specdecode.bench.fingerprint import capture, diff, performance_relevant
-from specdecode.bench.methods import BaselineMethod, Method, build_method, split_methods
+from specdecode.bench.methods import BaselineMethod, Method, build_method, check_method, split_methods
 from specdecode.bench.profiles import load_profile
 from specdecode.bench.stats import geomean_ci
 from specdecode.bench.store import ResultsStore, load_run
@@ -52,6 +52,10 @@ class MeasureConfig:
 class BenchConfig(MeasureConfig):
     methods: str = "baseline,hf"  # comma-separated method strings; the first is the reference
     op_profile: bool = False  # also profile aten ops over one baseline generation
+
+    def __post_init__(self) -> None:  # a misspelt method is refused before the model loads
+        for spec in split_methods(self.methods):
+            check_method(spec)
 
 
 def run_fingerprint(session: Session, drafter_paths: Sequence[str] = (), launch_profile: str | None = None) -> dict:

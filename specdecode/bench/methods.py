@@ -313,14 +313,32 @@ def _method_steps(spec: str, params: dict[str, str], session: Session) -> StepRu
     return compiled_steps(session)
 
 
+METHOD_NAMES = tuple(grammar.split("[")[0].split(":")[0] for grammar, _ in METHODS)
+
+
+def check_method(spec: str) -> tuple[str, dict[str, str]]:
+    """A method string's name and parameters, checked without loading anything (``bench`` checks every
+    method before the model loads); ``build_method`` checks the same way."""
+    name, params = parse_method(spec)
+    if name not in METHOD_NAMES:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(grammar for grammar, _ in METHODS)}")
+    if name in ("hf", "llamacpp") and params or name == "baseline" and set(params) - {"compile"}:
+        raise ValueError(f"method {name!r} takes no parameters{' but compile' if name == 'baseline' else ''} "
+                         f"(got {params})")
+    if name in ("baseline", "eagle3") and params.get("compile", "on") not in ("on", "off"):
+        raise ValueError(f"method {spec!r}: compile must be on or off")
+    if name == "eagle3":
+        method_decoder_spec(spec)
+    if name == "served" and ("url" not in params or set(params) - {"url", "model"}):
+        raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
+    return name, params
+
+
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
                  drafters: dict[str, Eagle3Drafter] | None = None) -> Method:
     """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
     ``served:url=URL[,model=NAME]``."""
-    name, params = parse_method(spec)
-    if name in ("hf", "llamacpp") and params or name == "baseline" and set(params) - {"compile"}:
-        raise ValueError(f"method {name!r} takes no parameters{' but compile' if name == 'baseline' else ''} "
-                         f"(got {params})")
+    name, params = check_method(spec)
     steps = _method_steps(spec, params, session) if name in ("baseline", "eagle3") else "session"
     if name == "baseline":
         return BaselineMethod(spec, session.loaded, steps=steps)
@@ -339,12 +357,10 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         return build_llamaserver(spec, params, session.loaded.source, session.threads, drafter_path,
                                  session.loaded.tokenizer.eos_token_ids)
     if name == "served":
-        if "url" not in params or set(params) - {"url", "model"}:
-            raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
         from specdecode.bench.remote.run import RemoteError
 
         try:
             return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
         except RemoteError as e:
             raise ValueError(f"method {spec!r}: {e} (is the server running?)") from None
-    raise ValueError(f"unknown method {name!r}; available: {', '.join(grammar for grammar, _ in METHODS)}")
+    raise AssertionError(f"check_method let {name!r} through")

@@ -97,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
         return run_remote(args, console)
     if args.concurrency is not None:
         return run_batched(args, concurrency, console)
+    config = bench_config(args)  # checks the methods before anything loads
     session = start(runtime_config(args), on_compile=compile_notice, log=notice)
-    bench = prepare_bench(bench_config(args), session)
+    bench = prepare_bench(config, session)
     for w in profile_contradictions(bench.fingerprint):
         print(w, file=sys.stderr)
     store = None if args.no_store else ResultsStore(args.store)

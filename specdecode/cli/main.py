@@ -21,9 +21,20 @@ COMMAND_MODULES = ("generate", "data", "train", "train_report", "eval_drafter", 
 TP_COMMANDS = ("generate", "bench", "sweep", "check", "serve")
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's), or "unknown" when run from a tree not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specdecode")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specdecode", description="Fast, measured LLM decoding with EAGLE-3 speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"specdecode {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"specdecode.cli.{name}").add_parser(sub)

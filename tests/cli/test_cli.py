@@ -137,3 +137,23 @@ def test_check_reports_agreement_with_the_dtype_tolerance(tmp_path):
     assert result["dtype"] == "bfloat16" and a["tolerance"] == 0.5 and a["prompts"] == 2
     assert a["identical"] == sum(r["identical"] for r in result["rows"]) and a["above_tolerance"] == 0
     assert f"{a['identical']}/2 prompts identical" in out.stderr
+
+
+def test_version():
+    from importlib.metadata import version
+
+    out = run_specdecode("--version")
+    assert out.stdout.strip() == f"specdecode {version('specdecode')}"
+
+
+@pytest.mark.parametrize("methods, words", [("baseline,eagle4", "unknown method 'eagle4'"),
+                                            ("baseline:compile=maybe", "compile must be on or off"),
+                                            ("eagle3:steps=x", "must be integers"),
+                                            ("served:model=m", "served:url=")])
+def test_bench_refuses_a_bad_method_before_loading_anything(tmp_path, methods, words):
+    """Checked before the model loads: an empty cache stays empty (no native build, no kernel plan)."""
+    cache = tmp_path / "cache"
+    out = run_specdecode("bench", "--methods", methods, "--no-store", env={"SPECDECODE_CACHE": str(cache)},
+                         check=False)
+    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
+    assert not cache.exists() or not any(cache.iterdir())
