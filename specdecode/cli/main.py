@@ -74,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelLoadError, ValueError, FileNotFoundError) as e:
         print(f"specdecode {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except (NotADirectoryError, FileExistsError, IsADirectoryError, PermissionError) as e:
+        # a path that cannot be made or written (SPECDECODE_CACHE or --store under a file, a read-only --out)
+        what = {FileExistsError: f"{e.filename} is a file where a directory is needed",
+                NotADirectoryError: f"a part of {e.filename} is a file, not a directory"}.get(
+                    type(e), f"{e.strerror}: {e.filename}")
+        print(f"specdecode {args.command}: error: {what}; give a path that can be created and written (check "
+              f"SPECDECODE_CACHE and the command's path flags)", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (`specdecode generate --stream | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + 13  # as a tool killed by SIGPIPE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -157,3 +157,24 @@ def test_bench_refuses_a_bad_method_before_loading_anything(tmp_path, methods, w
                          check=False)
     assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_paths_under_a_file_and_a_closed_pipe_are_one_line_errors(tmp_path):
+    """No traceback: SPECDECODE_CACHE or runs --store under a regular file, and `generate --stream | head`."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = run_specdecode("generate", "Hi", "--max-new-tokens", "2", env={"SPECDECODE_CACHE": str(blocker / "c")},
+                         check=False)
+    assert out.returncode == 2 and "a part of" in out.stderr and "Traceback" not in out.stderr
+    out = run_specdecode("runs", "--store", str(blocker / "x.db"), check=False)
+    assert out.returncode == 2 and "is a file where a directory is needed" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "specdecode", "generate", "Tell a long story.", "--max-new-tokens",
+                             "400", "--stream"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.read(1)
+    proc.stdout.close()  # the reader goes away, as `| head -c 1` does
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.wait(timeout=300) == 141 and "Traceback" not in err, err
