@@ -47,8 +47,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     add_batch_args(g)
     g.add_argument("--prefix-cache-tokens", type=int, default=None,
                    help=f"prompt tokens whose KV is kept for later prompts that start the same way (a system prompt, "
-                        f"a repeated question): their prefill is skipped. Reuse is by blocks of {BLOCK} tokens, least "
-                        "recently used evicted first; OpenAI's usage.prompt_tokens_details.cached_tokens reports it "
+                        f"a repeated question): their prefill is skipped. Blocks of {BLOCK} tokens are kept, least "
+                        "recently used evicted first, and reused in whole prefill chunks (--chunked-prefill-size), "
+                        "so a prompt gets the keys and values its own prefill computes and a repeat the same answer; "
+                        "OpenAI's usage.prompt_tokens_details.cached_tokens reports it "
                         "per request. Default: half the KV pool's tokens; 0: off")
     g.add_argument("--compile-max-len", type=int, default=d.compile_max_len,
                    help="compiled steps: the graphs for contexts up to this many tokens are loaded (or, with --compile "

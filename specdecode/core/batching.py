@@ -296,9 +296,9 @@ class BatchEngine:
                 # + the tree's scratch entries + one (padding of batched extends writes to the cache's scratch slot)
                 extra = self.spec.num_steps * self.spec.topk + 1
                 dpool = self.drafter.new_cache(self.limit + extra, self.config.slots)
-            if self.prefix_tokens:  # Batch-invariant engines reuse whole prefill chunks only (``PrefixCache``)
-                aligned = self.config.prefill_chunk if self.config.batch_invariant else 1
-                self._prefix = PrefixCache(self.prefix_tokens, tpool, aligned=aligned, taps=self._taps_width())
+            if self.prefix_tokens:  # whole prefill chunks only: a repeat computes what the first request did
+                self._prefix = PrefixCache(self.prefix_tokens, tpool, aligned=self.config.prefill_chunk,
+                                           taps=self._taps_width())
             self._pools = tpool, dpool
 
     def _taps_width(self) -> int:

@@ -12,9 +12,10 @@ without children is evicted first, so a shared stem outlives the branches that h
 
 Only full blocks of a prompt are stored, and a hit leaves at least one prompt token to compute
 (the first new token's logits come from it). Keys and values computed in another prompt's chunk
-equal the ones this prompt's own chunks would give up to rounding (row results of a matmul can
-depend on how many rows it had); ``aligned`` hits (multiples of the prefill chunk) give the same
-chunks as a prompt prefilled from scratch, for engines that promise bit-identical answers.
+equal the ones this prompt's own chunks would give only up to rounding (a matmul's row results can
+depend on how many rows it had), so the engine asks for ``aligned`` hits (multiples of its prefill
+chunk): a prompt then runs the same chunks as when prefilled from scratch, and a repeated request
+gets the first one's answer bit for bit.
 """
 
 from __future__ import annotations

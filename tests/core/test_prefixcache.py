@@ -118,7 +118,7 @@ def test_greedy_with_the_prefix_cache_equals_each_request_alone(model, prompts, 
     options = GenerateOptions(max_new_tokens=16, stop_token_ids=())
     alone = [(Engine(model, Tok(), Eagle3Decoder(drafter, spec)) if drafter is not None and spec is not None
               else Engine(model, Tok())).generate(p, options).token_ids for p in prompts]
-    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=2, prefill_chunk=7, spec_policy=policy))
+    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=2, prefill_chunk=16, spec_policy=policy))
     got, finished = run_all(engine, prompts, options)
     assert [got[i] for i in range(len(prompts))] == alone
     if drafter is not None and spec is not None and policy == "always":  # the drafter read the cached taps right:
@@ -137,7 +137,7 @@ def test_seeded_sampling_with_the_prefix_cache_equals_alone(model, prompts):
     options = [GenerateOptions(max_new_tokens=12, sampling=SamplingParams(0.8, 0, 0.95, seed), stop_token_ids=())
                for seed in range(len(prompts))]
     plain = [Engine(model, Tok()).generate(p, o).token_ids for p, o in zip(prompts, options, strict=True)]
-    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=3, spec_policy="always"))
+    engine = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=3, prefill_chunk=16, spec_policy="always"))
     got, _ = run_all(engine, prompts, options)
     assert [got[i] for i in range(len(prompts))] == plain
     assert engine.prefix is not None and engine.prefix.stats.hit_tokens > 0
@@ -145,9 +145,10 @@ def test_seeded_sampling_with_the_prefix_cache_equals_alone(model, prompts):
 
 def test_add_says_how_many_prompt_tokens_were_cached_and_prefill_skips_them(model, prompts):
     options = GenerateOptions(max_new_tokens=2, stop_token_ids=())
-    engine = BatchEngine(model, Tok(), config=BatchConfig(slots=1, prefill_chunk=256, spec_policy="never"))
+    # hits are whole prefill chunks: chunks of one block here
+    engine = BatchEngine(model, Tok(), config=BatchConfig(slots=1, prefill_chunk=16, spec_policy="never"))
     assert len(prompts[2]) == 62 and engine.add("a", prompts[2], options) == 0
-    assert engine.step().prefill_tokens == 62
+    assert engine.step().prefill_tokens == 16
     while engine.active:
         engine.step()
     assert engine.add("b", prompts[2], options) == 48  # its 3 full blocks of 16
@@ -169,11 +170,12 @@ def test_the_drafter_reads_a_cached_prompt_as_a_computed_one(model, prompts):
             engine.step()
         return engine.rows[0]
 
-    cached = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=1, spec_policy="always"))
+    cached = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=1, prefill_chunk=16, spec_policy="always"))
     run_all(cached, [prompts[0]], options)
     row = prefilled(cached, prompts[2])
     assert row.cached == 32
-    fresh = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=1, spec_policy="always", prefix_cache=0))
+    fresh = BatchEngine(model, Tok(), drafter, spec, BatchConfig(slots=1, prefill_chunk=16, spec_policy="always",
+                                                                 prefix_cache=0))
     ref = prefilled(fresh, prompts[2])
     assert (row.root, row.dlength, row.dpairs) == (ref.root, ref.dlength, ref.dpairs)
     assert row.state is not None and ref.state is not None
@@ -182,16 +184,18 @@ def test_the_drafter_reads_a_cached_prompt_as_a_computed_one(model, prompts):
         torch.testing.assert_close(got[0, :, :ref.dlength], want[0, :, :ref.dlength], rtol=1e-9, atol=1e-9)
 
 
-def test_batch_invariant_hits_give_the_keys_and_values_of_a_prompt_computed_from_scratch():
-    """bf16, where a chunk's row results can depend on its length: a batch-invariant engine reuses whole
-    prefill chunks only, so the prompt's cache after prefill equals, bit for bit, a fresh engine's. (This
-    tiny model's kernels give equal rows at any chunk length, so the hit's length is what shows the rule.)"""
+@pytest.mark.parametrize("invariant", [False, True])
+def test_hits_give_the_keys_and_values_of_a_prompt_computed_from_scratch(invariant):
+    """bf16, where a chunk's row results can depend on its length: every engine (the default's and a
+    batch-invariant one) reuses whole prefill chunks only, so the prompt's cache after prefill equals, bit
+    for bit, a fresh engine's, and a repeated request gets the first one's answer (issue 50). (This tiny
+    model's kernels give equal rows at any chunk length, so the hit's length is what shows the rule.)"""
     model = tiny_model(seed=5, dtype=torch.bfloat16)
     rng = random.Random(2)
     shared = [rng.randrange(4, 97) for _ in range(50)]
     first, second = shared + [5, 6, 7], shared + [9] * 11
     options = GenerateOptions(max_new_tokens=3, stop_token_ids=())
-    config = BatchConfig(slots=1, prefill_chunk=32, spec_policy="never", batch_invariant=True)
+    config = BatchConfig(slots=1, prefill_chunk=32, spec_policy="never", batch_invariant=invariant)
     engine = BatchEngine(model, Tok(), config=config)
     run_all(engine, [first], options)
     assert engine.add("b", second, options) == 32  # 50 shared tokens: a whole chunk of 32, not 3 blocks of 16

@@ -48,9 +48,10 @@ def decoder(loaded):
 @pytest.fixture(scope="module")
 def server(loaded, decoder):
     # 'adaptive': plain and speculative steps mixed under load, as the tests of counters and batching need
-    # (the default 'auto' calibrates once, and with this random drafter it would never speculate)
+    # (the default 'auto' calibrates once, and with this random drafter it would never speculate); prefill chunks
+    # of 32 tokens: prompts of this small model's context span several, and prefix-cache hits are whole chunks
     running = Running(create_app(loaded, decoder, NAME, api_key=KEY, max_body_bytes=64 * 1024,
-                                 batch=BatchConfig(spec_policy="adaptive")))
+                                 batch=BatchConfig(spec_policy="adaptive", prefill_chunk=32)))
     yield running
     running.stop()
 

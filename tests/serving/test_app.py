@@ -55,7 +55,8 @@ def test_chat_stream_matches_engine(client, loaded, decoder, tokenizer):
 
 def test_a_repeated_system_prompt_comes_from_the_prefix_cache(http, client, loaded, decoder, tokenizer):
     """A second chat that starts like the first (the same long system prompt) reports the prompt tokens it
-    found cached, in usage and /metrics, and answers as the engine does from scratch."""
+    found cached, in usage and /metrics, and answers as the engine does from scratch. Hits are whole prefill
+    chunks (32 tokens in this server)."""
     system = {"role": "system", "content": "You answer in one short sentence. " * 8}
     before = scrape(http)
     for question, stream in (("Name a fruit.", False), ("Name a tree.", True)):
@@ -71,7 +72,7 @@ def test_a_repeated_system_prompt_comes_from_the_prefix_cache(http, client, load
             text, usage = r.choices[0].message.content, r.usage
         assert text == want.text and usage.prompt_tokens == want.prompt_tokens
     cached = usage.prompt_tokens_details.cached_tokens  # the second request's
-    assert cached >= 64 and cached % 16 == 0 and cached < usage.prompt_tokens
+    assert cached >= 64 and cached % 32 == 0 and cached < usage.prompt_tokens
     assert delta(before, scrape(http), "specdecode_prefix_cache_hit_tokens_total") >= cached
 
 def test_completion_raw_text_matches_engine_and_baseline(client, loaded, decoder, tokenizer):
