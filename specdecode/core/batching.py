@@ -343,6 +343,16 @@ class BatchEngine:
                 steps.build = False
             return len(steps.compiled) - before
 
+    def check_calibration(self, prompt_tokens: int, steps: int = CALIBRATION_STEPS) -> None:
+        """Refuse (ValueError) slots too short for ``calibrate``: its prompt, then an untimed and ``steps``
+        timed steps of each mode, a speculative one adding up to the margin's tokens and its bonus."""
+        need = prompt_tokens + self.margin + (steps + 1) * (self.margin + 2)
+        if self.policy.name == "auto" and need > self.limit:
+            raise ValueError(f"requests of {self.limit} tokens leave no room for spec policy auto's start-up timing "
+                             f"(its prompt of {prompt_tokens} tokens and {steps} steps of each mode need {need}): "
+                             f"allow at least {need} tokens per request (serve --context-length), or choose the "
+                             f"mode (--spec-policy never or always)")
+
     @torch.inference_mode()  # as ``step``: else the model's compiled steps stand aside and eager ones are timed
     def calibrate(self, prompt_ids: Sequence[int], steps: int = CALIBRATION_STEPS) -> dict[int, bool]:
         """'auto': time plain and speculative steps (alternating, the median of ``steps`` each) at every
@@ -351,6 +361,7 @@ class BatchEngine:
         its worker thread); a no-op for the other policies. Returns bucket -> speculate."""
         if self.policy.name != "auto" or self.rows:
             return dict(self.policy.calibrated)
+        self.check_calibration(len(prompt_ids), steps)
         options = GenerateOptions(max_new_tokens=self.limit - len(prompt_ids) - self.margin, stop_token_ids=())
         self.check(len(prompt_ids), options)
         buckets, b = [], 1

@@ -131,7 +131,9 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
     prepare = None
     if engine is None and isinstance(decoder, BatchableDecoder):  # it says what it drafts with
         batcher = BatchEngine(model, loaded.tokenizer, decoder.drafter, decoder.spec, batch)
-        prepare = partial(_prepare, batcher, loaded.tokenizer.encode_chat(CALIBRATION_CHAT), compile_max_len)
+        calibration_ids = loaded.tokenizer.encode_chat(CALIBRATION_CHAT)
+        batcher.check_calibration(len(calibration_ids))  # before serving, not a failure behind a healthy /health
+        prepare = partial(_prepare, batcher, calibration_ids, compile_max_len)
         context, margin = batcher.limit, batcher.margin
         log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, prefix cache %d tokens "
                  "(%.2f GB), spec policy %s", batch.slots, batcher.limit, batcher.pool_bytes() / 1e9,

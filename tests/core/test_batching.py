@@ -301,3 +301,20 @@ def test_a_short_prompt_behind_a_long_one_starts_after_one_chunk(model):
     assert first["short"] == 2 and first["long"] == 16
     for key, prompt in (("long", long), ("short", short)):
         assert out[key] == Engine(model, Tok()).generate(prompt, options).token_ids
+
+
+def test_slots_too_short_for_auto_calibration_are_refused_up_front():
+    """serve --context-length 32 had crashed the start-up timing behind a healthy /health: the engine now
+    says how many tokens a request needs for it (or to choose the mode) before anything runs."""
+    model = tiny_model(seed=1, max_position_embeddings=256)
+    drafter = random_drafter(model, 50, seed=1)
+    short = BatchEngine(model, Tok(), drafter, SpecConfig(2, 1), BatchConfig(slots=2, slot_tokens=40))
+    with pytest.raises(ValueError, match=r"allow at least \d+ tokens per request .*--spec-policy never or always"):
+        short.check_calibration(30)
+    with pytest.raises(ValueError, match="leave no room for spec policy auto"):
+        short.calibrate(list(range(4, 34)))
+    BatchEngine(model, Tok(), drafter, SpecConfig(2, 1), BatchConfig(slots=2, slot_tokens=40,
+                                                                      spec_policy="never")).check_calibration(30)
+    roomy = BatchEngine(model, Tok(), drafter, SpecConfig(2, 1), BatchConfig(slots=2, slot_tokens=200))
+    roomy.check_calibration(30)
+    assert set(roomy.calibrate(list(range(4, 34)))) == {1, 2}
