@@ -22,14 +22,21 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
+from specdecode.core.batching import (
+    CALIBRATION_ROUNDS,
+    CALIBRATION_SPREAD,
+    BatchableDecoder,
+    BatchConfig,
+    BatchEngine,
+)
 from specdecode.core.compiled import CompiledSteps
 from specdecode.core.engine import Engine, TokenDecoder
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
-from specdecode.serving.errors import APIError, install_error_handlers
+from specdecode.serving.errors import CLIENT_CLOSED, APIError, install_error_handlers, shutting_down
 from specdecode.serving.handlers import ServerState, generate
 from specdecode.serving.metrics import Metrics, report_periodically
+from specdecode.serving.responses import COUNT_KEY, EVENT_STREAM
 from specdecode.serving.scheduler import Batcher, Scheduler, SerialBatcher
 
 log = logging.getLogger(__name__)
@@ -37,9 +44,15 @@ DEFAULT_BATCH = BatchConfig()
 ROUTES = ("/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions")
 
 
+def _is_stream(start: dict) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(EVENT_STREAM.encode()) for k, v in start["headers"])
+
+
 class _CountRequests:
-    """ASGI middleware: requests by route and status, counted when the status is sent
-    (so a client that has read a response always finds it in /metrics)."""
+    """ASGI middleware: requests by route and status, counted when the status is sent (so a client
+    that has read a response always finds it in /metrics). A stream's 200 says only that it began:
+    it is counted by its outcome instead, through ``scope[COUNT_KEY]`` (``responses.stream_events``
+    calls it before its last event), and as 499 when it ends without one (the client left)."""
 
     def __init__(self, app, metrics: Metrics) -> None:
         self.app = app
@@ -52,19 +65,26 @@ class _CountRequests:
         route = path if path in ROUTES else "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
         counted = False
 
-        async def send_counted(message) -> None:
+        def count(status: int) -> None:
             nonlocal counted
-            if message["type"] == "http.response.start" and not counted:
+            if not counted:
                 counted = True
-                self.metrics.count_request(route, message["status"])
+                self.metrics.count_request(route, status)
+
+        scope[COUNT_KEY] = count
+
+        async def send_counted(message) -> None:
+            if message["type"] == "http.response.start" and not _is_stream(message):
+                count(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_counted)
         except Exception:  # the app's catch-all answers 500 outside this middleware
-            if not counted:
-                self.metrics.count_request(route, 500)
+            count(500)
             raise
+        finally:
+            count(CLIENT_CLOSED)  # a stream that ended without its last event
 
 
 # The prompt every calibration row decodes (greedy) while --spec-policy auto times both modes per batch size.
@@ -113,6 +133,12 @@ def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
         f"batch {b}: {'speculative' if spec else 'plain'} "
         f"(speculative {rates[b][0]:.0f}, plain {rates[b][1]:.0f} tok/s)"
         for b, spec in sorted(chosen.items())))
+    disturbed = {b: x for b, x in batcher.policy.calibrated_spread.items() if x > CALIBRATION_SPREAD}
+    if disturbed:
+        log.warning("spec policy auto: the CPU was busy while timing (batch %s: a step's median %s its fastest, "
+                    "after %d rounds); the choice may not hold once it is idle: restart the server then, or "
+                    "choose the mode (--spec-policy always or never)", ", ".join(map(str, disturbed)),
+                    ", ".join(f"{x:.1f}x" for x in disturbed.values()), CALIBRATION_ROUNDS)
 
 
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
@@ -251,7 +277,13 @@ class _GracefulServer(uvicorn.Server):
         if self.draining is not None and not self.should_exit:
             sig, since = self.draining
             running, queued = self.scheduler.load()
-            if (running == 0 and queued == 0) or time.monotonic() - since >= self.drain_s:
+            if running == 0 and queued == 0:
+                super().handle_exit(sig, None)
+            elif time.monotonic() - since >= self.drain_s:
+                log.warning("shutting down: %d requests still running after %.0f s; ending them with an error",
+                            running, self.drain_s)
+                self.scheduler.abort_running(shutting_down(
+                    f"the server shut down before the request finished (it waits {self.drain_s:.0f} s)"))
                 super().handle_exit(sig, None)
         return await super().on_tick(counter)
 

@@ -30,9 +30,11 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers={**headers, **self.headers})
 
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but /metrics counts it
+
+
 def client_gone() -> APIError:
-    # 499 (nginx's "client closed request"): nobody reads it, but /metrics counts it.
-    return APIError(499, "the client closed the request", code="client_closed_request")
+    return APIError(CLIENT_CLOSED, "the client closed the request", code="client_closed_request")
 
 
 def shutting_down(message: str = "the server is shutting down") -> APIError:

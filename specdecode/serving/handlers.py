@@ -15,7 +15,7 @@ from specdecode.io.errors import ModelLoadError
 from specdecode.io.tokenizer import Tokenizer
 from specdecode.serving.errors import APIError, client_gone
 from specdecode.serving.metrics import Metrics
-from specdecode.serving.responses import JobStream, Shape, collect, stream_events, wait_started
+from specdecode.serving.responses import COUNT_KEY, JobStream, Shape, collect, stream_events, wait_started
 from specdecode.serving.scheduler import Scheduler
 from specdecode.serving.schemas import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -130,5 +130,6 @@ async def generate(request: Request, state: ServerState, chat: bool) -> JSONResp
     if req.stream:
         await wait_started(state.scheduler, job, request.receive)  # refused while queued: its status, not a 200
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return JobStream(stream_events(job, shape, include_usage, ids), lambda: state.scheduler.cancel(job))
+        events = stream_events(job, shape, include_usage, ids, request.scope.get(COUNT_KEY, lambda status: None))
+        return JobStream(events, lambda: state.scheduler.cancel(job))
     return JSONResponse(await collect(state.scheduler, job, shape, request.receive, ids))

@@ -1,5 +1,5 @@
 """Responses in OpenAI's shapes: whole (chat) completions, and server-sent event streams
-that end in ``data: [DONE]`` or, once the status line is sent, an in-band error event. A stream's
+that end in ``data: [DONE]``, after an in-band error event when one comes once the status line is sent. A stream's
 status line waits until its job has joined the batch (``wait_started``), so a request refused
 while it queued (shutdown: 503 with Retry-After) gets its status, not a 200 and an error event."""
 
@@ -11,11 +11,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from specdecode.serving.errors import APIError, client_gone
 from specdecode.serving.scheduler import Job, Scheduler
+
+EVENT_STREAM = "text/event-stream"
+COUNT_KEY = "specdecode.count"  # in the ASGI scope: the metrics middleware's count(status), once per request
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,10 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def stream_events(job: Job, shape: Shape, include_usage: bool,
-                        token_ids: bool = False) -> AsyncIterator[str]:
-    """``token_ids``: every chunk that brings tokens carries their ids (even when its text is held back)."""
+async def stream_events(job: Job, shape: Shape, include_usage: bool, token_ids: bool = False,
+                        on_end: Callable[[int], Any] = lambda status: None) -> AsyncIterator[str]:
+    """``token_ids``: every chunk that brings tokens carries their ids (even when its text is held back).
+    ``on_end(status)`` runs before the last event: 200, or the status of an in-band error."""
     tokens = 0
     try:
         if shape.chat:
@@ -85,11 +90,13 @@ async def stream_events(job: Job, shape: Shape, include_usage: bool,
                 yield _sse(shape.chunk(chunk.text, token_ids=chunk.token_ids if token_ids else None))
             if chunk.finish_reason:
                 yield _sse(shape.chunk(finish=chunk.finish_reason))
+        on_end(200)
         if include_usage:
             yield _sse(shape.usage_chunk(usage_of(job, tokens)))
-        yield "data: [DONE]\n\n"
     except APIError as e:  # the status line is already sent: report in-band, as OpenAI does
+        on_end(e.status)
         yield _sse(e.body())
+    yield "data: [DONE]\n\n"  # after an error event too: clients that read to [DONE] stop there
 
 
 class JobStream(StreamingResponse):
@@ -97,7 +104,7 @@ class JobStream(StreamingResponse):
     left before the body iterator ever started (then no ``finally`` inside it runs)."""
 
     def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
+        super().__init__(content, media_type=EVENT_STREAM,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
 

@@ -162,6 +162,7 @@ class Scheduler:
         self._gone: list[Job] = []  # running jobs whose clients left: removed before the next step
         self._request_s = 0.0  # moving average of a request's time in the batch (for Retry-After)
         self._closing = False
+        self._abort: APIError | None = None  # set when a drain times out: every running job ends with it
         self._ready = threading.Event()  # set once ``prepare`` has run: /health says "starting" until then
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._work, name="specdecode-worker", daemon=True)
@@ -227,6 +228,13 @@ class Scheduler:
             job.post(shutting_down("the server is shutting down; the request was not started"))
             job.post(END)
 
+    def abort_running(self, error: APIError) -> None:
+        """End every running job with ``error`` and then END, before the worker's next step (a drain
+        that timed out: each stream gets an error event and [DONE], not a cut connection)."""
+        with self._cv:
+            self._abort = error
+            self._cv.notify()
+
     def close_soon(self) -> None:
         """``close`` from any thread, signal handlers included (they must not take locks)."""
         if self._loop is not None and not self._loop.is_closed():
@@ -243,6 +251,11 @@ class Scheduler:
                 self._cv.wait()
             if not self._waiting and not self._running:
                 return None
+            if self._abort is not None:
+                for job in self._running.values():
+                    job.post(self._abort)  # before the END the loop below posts
+                    self._gone.append(job)
+                self._abort = None
             gone, self._gone = self._gone, []
             for job in gone:
                 self._running.pop(id(job), None)

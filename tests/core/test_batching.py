@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 import types
 
 import pytest
@@ -318,3 +319,29 @@ def test_slots_too_short_for_auto_calibration_are_refused_up_front():
     roomy = BatchEngine(model, Tok(), drafter, SpecConfig(2, 1), BatchConfig(slots=2, slot_tokens=200))
     roomy.check_calibration(30)
     assert set(roomy.calibrate(list(range(4, 34)))) == {1, 2}
+
+
+def test_a_cpu_burst_during_calibration_is_timed_again_not_kept():
+    """A burst of load during 'auto''s start-up timing had left rates of 1-6 tok/s for the server's
+    life: a disturbed round (median step far above the fastest) is timed again, and each mode is
+    judged by its fastest steps."""
+    model = tiny_model(seed=1, max_position_embeddings=512)
+    drafter = random_drafter(model, 50, seed=1)
+    engine = BatchEngine(model, Tok(), drafter, SpecConfig(2, 1), BatchConfig(slots=1, slot_tokens=400))
+    calls = {"n": 0}
+    burst = range(3, 11)  # 8 of the first round's 12 timed steps (after the 2 untimed ones)
+
+    def disturbed(step):
+        def run(report):
+            calls["n"] += 1
+            if calls["n"] in burst:
+                time.sleep(0.1)  # another process took the CPU
+            return step(report)
+        return run
+
+    engine._plain_step = disturbed(engine._plain_step)
+    engine._spec_step = disturbed(engine._spec_step)
+    engine.calibrate(list(range(4, 20)))
+    assert calls["n"] >= 2 + 2 * 2 * batching.CALIBRATION_STEPS  # a second round ran
+    spec_rate, plain_rate = engine.policy.calibrated_rates[1]
+    assert plain_rate > 30 and spec_rate > 30, engine.policy.calibrated_rates  # not 1 token per 0.1 s

@@ -26,10 +26,11 @@ MSG = [{"role": "user", "content": "hi"}]
 class Running:
     """A uvicorn server in a background thread on a free loopback port."""
 
-    def __init__(self, app, ready: bool = True) -> None:
-        """``ready``: return once the worker has prepared (/health answers ok), not only once it listens."""
+    def __init__(self, app, ready: bool = True, drain_s: float = 10) -> None:
+        """``ready``: return once the worker has prepared (/health answers ok), not only once it listens;
+        ``drain_s``: how long a shutdown waits for running requests."""
         self.app = app
-        self.server = make_server(app, "127.0.0.1", 0, shutdown_timeout_s=10, log_level="warning")
+        self.server = make_server(app, "127.0.0.1", 0, shutdown_timeout_s=drain_s, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20

@@ -60,6 +60,10 @@ def test_client_disconnect_mid_stream_frees_the_slot(slow_server, caplog):
     assert time.monotonic() - t0 < 5.0
     after = scrape(httpx.Client(base_url=base))
     assert delta(before, after, "specdecode_generation_tokens_total") < budget / 2
+    # the left stream is counted as the client closing it, not by the 200 that began it
+    route = '{route="/v1/completions",status="%s"}'
+    assert delta(before, after, "specdecode_requests_total" + route % 499) == 1
+    assert delta(before, after, "specdecode_requests_total" + route % 200) == 1  # the "Hi" alone
     assert after["specdecode_requests_running"] == 0 and after["specdecode_requests_queued"] == 0
     line = r"decode: #running-req \d, #queue-req \d, batch [\d.]+, spec steps 0%, gen throughput [\d.]+ tok/s"
     assert any(re.match(line, m) for m in caplog.messages), caplog.messages
@@ -133,6 +137,42 @@ def test_graceful_shutdown_finishes_running_and_fails_queued(slow_server):
     # a queued stream is answered before its status line: 503 and the error, as the README promises
     assert status == 503 and json.loads(body)["error"]["code"] == "shutting_down"
     assert int(headers["retry-after"]) >= 1
+
+
+def test_a_drain_that_times_out_ends_each_stream_with_an_error_and_done(loaded, caplog):
+    """Past --shutdown-timeout a running stream gets an in-band 503 and [DONE], not a cut
+    connection, and the log no traceback per stream."""
+    model = copy.deepcopy(loaded.model)
+    model.register_forward_pre_hook(lambda *_: time.sleep(STEP_S))
+    slowed = LoadedModel(model, loaded.tokenizer, loaded.source, loaded.model_dir)
+    running = Running(create_app(slowed, baseline_decode, NAME, batch=BatchConfig(slots=2)), drain_s=0.5)
+    results: dict[int, list] = {}
+
+    def stream(i: int) -> None:  # 200 tokens x STEP_S = 8 s: far past the drain
+        with httpx.stream("POST", running.url + CHAT, timeout=30, json={
+                "model": NAME, "messages": MSG, "max_tokens": 200, "temperature": 0, "stream": True}) as r:
+            results[i] = sse_events(r.iter_lines())
+
+    caplog.set_level(logging.WARNING)
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    http = httpx.Client(base_url=running.url)
+    deadline = time.monotonic() + 10
+    while scrape(http)["specdecode_requests_running"] != 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    running.server.handle_exit(signal.SIGTERM, None)
+    for t in threads:
+        t.join(30)
+    running.thread.join(30)
+    assert not running.thread.is_alive() and time.monotonic() - t0 < 5
+    for events in results.values():
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down", events[-3:]
+        assert not any(e != "[DONE]" and e.get("choices") and e["choices"][0]["finish_reason"] for e in events)
+    assert len(results) == 2
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
 
 
 def test_load_16_concurrent_streaming_clients(server, http, tokenizer):
