@@ -112,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
                       style="bold red", markup=False)
     if args.profile and result.stats.get("cycles"):
         err.print(format_profile(record), markup=False, highlight=False)
+    elif args.profile:  # say why the table is missing, and how to get one
+        step_ms = 1000 * (result.elapsed_s - result.ttft_s) / max(result.num_tokens - 1, 1)
+        how = "drop --no-spec" if not spec.speculative else "give a shape, e.g. --num-steps 2, to speculate anyway"
+        err.print(f"profile: no speculative phases to time: this run decoded plain ({decoder.description}); "
+                  f"{step_ms:.2f} ms a token after the first, {1000 * result.ttft_s:.0f} ms to the first. For the "
+                  f"EAGLE-3 profile, {how}", style="yellow", markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print(json.dumps(record))
     else:

@@ -105,6 +105,13 @@ def test_generate_with_random_drafter_json_has_spec_fields():
     assert "EAGLE3 profile" in out.stderr and "Target verify" in out.stderr
 
 
+def test_profile_of_a_plain_run_says_why_it_has_no_table():
+    """The quick start decodes plain where auto predicts no shape pays: --profile printed nothing then."""
+    out = specdecode("generate", "Hi", "--no-spec", "--profile", "--max-new-tokens", "4")
+    assert "profile: no speculative phases to time: this run decoded plain" in out.stderr
+    assert "ms a token after the first" in out.stderr and "drop --no-spec" in out.stderr
+
+
 def test_mismatched_drafter_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 8}')
     out = specdecode("generate", "Hi", "--drafter", str(tmp_path), check=False)
