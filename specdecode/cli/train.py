@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name), help=FIELD_HELP.get(name))
     p.add_argument("--select", default=d.select, choices=SELECT_MODES,
                    help="the weights written to OUT: the held-out evaluation with the highest simulated accept "
-                        "length (best, kept in OUT/best as the run goes) or the last step (default: best)")
+                        "length (best, kept in OUT/best as the run goes; it needs held-out samples) or the last step "
+                        "(default: best)")
     p.add_argument("--target-dtype", default=d.target_dtype,
                    help="dtype of the frozen target: auto (bfloat16 where the device computes bf16 natively, else "
                         "float32: bf16 on a CPU without it was 6x slower), bfloat16 or float32. Default: auto")
@@ -91,8 +92,8 @@ class TrainDisplay:
         self.console = Console(stderr=True, soft_wrap=True)
         self.progress: Any = None
         self.task: Any = None
-        # Where stderr is a file (a long run in the background), a line every LOG_EVERY steps instead
-        # of a bar that only draws on a terminal
+        # Where stderr is no terminal (a file, a pipe: a long run in the background), a line every LOG_EVERY
+        # steps and no bar: rich would print a bar's last frame there
         self.lines = not self.console.is_terminal
         self.window: list[dict[str, Any]] = []
         self.seconds = 0.0  # training time of the window's steps (evaluations left out)
@@ -110,20 +111,22 @@ class TrainDisplay:
             if ev.skipped:
                 self.console.print(f"{ev.skipped} training samples skipped: no answer token inside --max-len "
                                    "(raise it to train on them)")
-            self._start_bar(ev.total_steps, ev.step)
+            if not self.lines:
+                self._start_bar(ev.total_steps, ev.step)
             self.t_last = time.perf_counter()
         elif isinstance(ev, StepDone):
             r = ev.record
-            self.progress.update(self.task, advance=1,
-                                 info=f"loss {r['loss']:.3f} acc " + " ".join(f"{a:.2f}" for a in r["acc"]))
             if self.lines:
                 self._log_line(ev)
+            else:
+                self.progress.update(self.task, advance=1,
+                                     info=f"loss {r['loss']:.3f} acc " + " ".join(f"{a:.2f}" for a in r["acc"]))
         elif isinstance(ev, FeatureProgress):
             if ev.done == 1 or ev.done == ev.total or ev.done % 50 == 0:
                 self.console.print(f"target features: {ev.done}/{ev.total} batches cached")
         elif isinstance(ev, EvalDone):
             self.t_last = time.perf_counter()  # the evaluation's time is not a step's
-            self.progress.console.print(f"step {ev.step}: held-out accept length (chain of {self.cfg.ttt_steps}) "
+            self.console.print(f"step {ev.step}: held-out accept length (chain of {self.cfg.ttt_steps}) "
                                         f"{ev.result.accept_length:.2f}; step acc "
                                         + " ".join(f"{a:.2f}" for a in ev.result.step_acc)
                                         + (f"; best {ev.best_accept_length:.2f} at step {ev.best_step}"

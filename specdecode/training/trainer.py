@@ -312,6 +312,23 @@ def _save_output(drafter: Eagle3Drafter, path: Path, state: dict[str, Any], rows
     shutil.rmtree(tmp)
 
 
+class _StepLog:
+    """``training_log.jsonl``, one line per step as it is trained (a run still going can be read). It starts
+    from the checkpoint's log: steps trained after the last checkpoint of a killed run are trained again."""
+
+    def __init__(self, path: Path, records: list[dict[str, Any]]) -> None:
+        self.file = open(path, "w")  # noqa: SIM115 (closed by close(); open for the whole run)
+        for rec in records:
+            self.append(rec)
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[str, Any]:
     """Train (or resume) a drafter into ``cfg.out``; returns the run's summary (also written to
     ``training_summary.json``, with the per-step log in ``training_log.jsonl``)."""
@@ -341,6 +358,10 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
         rows = rows[:cfg.limit_samples]
     if not rows:
         raise ValueError(f"{cfg.data}: no training samples")
+    if cfg.select == "best" and not heldout:
+        raise ValueError(f"{cfg.data}: no held-out samples, so --select best has no evaluation to choose the "
+                         f"weights by; build the data set with some (data build --heldout-percent) or pass "
+                         f"--select last")
     n_all = len(rows)
     rows = [r for r in rows if trains_inside(r, cfg.max_len)]
     if not rows:
@@ -387,6 +408,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
     state["config"] = asdict(cfg)
     state["draft_vocab_coverage"] = coverage
     out.mkdir(parents=True, exist_ok=True)
+    step_log = _StepLog(out / "training_log.jsonl", state["log"])
     report(TrainStarted(len(rows), len(heldout), len(d2t), coverage, total, per_epoch, state["step"],
                         str(ckpt) if resumed else None, precision, n_all - len(rows)))
 
@@ -435,6 +457,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
             record = {"step": state["step"], "loss": float(loss.detach()), "acc": accs,
                       "lr": opt.param_groups[0]["lr"], "grad_norm": grad_norm, "tokens": int(valid.sum())}
             state["log"].append(record)
+            step_log.append(record)
             report(StepDone(state["step"], total, record))
             if heldout and (state["step"] % cfg.eval_every == 0 or state["step"] == total):
                 evaluate_now()
@@ -457,7 +480,5 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
                "final_eval": state["evals"][-1] if state["evals"] else None,
                "best": best, "selected_step": selected, "stopped_early": bool(state.get("stopped_early"))}
     (out / "training_summary.json").write_text(json.dumps(summary | {"config": asdict(cfg)}, indent=1))
-    with open(out / "training_log.jsonl", "w") as f:
-        for rec in state["log"]:
-            f.write(json.dumps(rec) + "\n")
+    step_log.close()
     return summary

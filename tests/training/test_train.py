@@ -60,9 +60,41 @@ def test_train_writes_eagle3_checkpoint_that_the_engine_loads(tiny_setup):
     assert int(drafter.t2d.sum()) == 64
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and all(len(r["acc"]) == 3 for r in log)
-    # stderr is a pipe, not a terminal: progress comes as lines (every 50 steps and at the last)
+    # stderr is a pipe, not a terminal: progress comes as lines (every 50 steps and at the last), no bar
     assert any(line.startswith("step 6/6: loss") and line.endswith("s/step") for line in proc.stderr.splitlines()), \
         proc.stderr  # one line, though longer than 80 columns
+    assert "training ━" not in proc.stderr and "━" not in proc.stderr, proc.stderr
+
+
+def test_the_step_log_grows_while_training_and_best_needs_held_out_samples(tiny_setup):
+    """training_log.jsonl had been written only at the end; with no held-out samples --select best
+    silently took the last step."""
+    model_dir, data, tmp = tiny_setup
+    out = tmp / "drafter"
+    proc = subprocess.Popen(train_cmd(model_dir, data, out, "--max-steps", "400", "--save-every", "1000"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log, deadline = out / "training_log.jsonl", time.time() + 300
+    try:
+        while not (log.exists() and len(log.read_text().splitlines()) >= 3):
+            assert time.time() < deadline and proc.poll() is None, "no step log while training"
+            time.sleep(0.05)
+        assert not (out / "training_summary.json").exists()  # still running
+    finally:
+        proc.kill()
+        proc.wait()
+    assert all(json.loads(line)["loss"] > 0 for line in log.read_text().splitlines()[:3])
+
+    no_heldout = DataSet(tmp / "train-only")
+    src = DataSet(data)
+    no_heldout.append([(row | {"split": "train"}, src.read(row)[0]) for row in src.samples()])
+    (tmp / "train-only" / "manifest.json").write_text(json.dumps({"format": "specdecode-data-v1"}))
+    refused = subprocess.run(train_cmd(model_dir, tmp / "train-only", tmp / "d2", "--max-steps", "2"),
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "no held-out samples" in refused.stderr and "--select last" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    last = subprocess.run(train_cmd(model_dir, tmp / "train-only", tmp / "d2", "--max-steps", "2", "--select", "last"),
+                          capture_output=True, text=True, timeout=300)
+    assert last.returncode == 0, last.stderr
 
 
 def test_kill_and_resume_gives_the_same_result(tiny_setup):
