@@ -206,6 +206,13 @@ def _bootstrapped(cfg: DataBuildConfig, loaded: LoadedModel, seeds: list[PromptR
     return boot
 
 
+def answer_draw(seed: int, pid: str) -> tuple[float, int]:
+    """A prompt's draw for its answer: a uniform number in [0, 1) (sampled below --sampled-fraction, else greedy)
+    and its sampling seed, from the build's seed and the prompt's id alone."""
+    digest = hashlib.sha256(f"{seed}:{pid}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64, int.from_bytes(digest[8:16], "big") >> 1
+
+
 def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress | None = None) -> dict:
     """Append the target's answers to ``cfg.out`` (resuming: prompts already there are skipped);
     returns the data set's counts and this run's generated tokens and seconds."""
@@ -233,9 +240,11 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     if cfg.bootstrap:
         boot = _bootstrapped(cfg, loaded, records, report)
         records = dedupe(records + [PromptRecord(r.id, "bootstrapped", r.messages) for r in boot])
-    rng = random.Random(cfg.seed)
-    todo = [r for r in records if r.id not in done and r.id not in skip]
-    rng.shuffle(todo)
+    # The order, and each prompt's mode and seed, depend on the seed and the prompts alone, not on what an
+    # interrupted build already answered: a resumed build makes the data set an uninterrupted one makes.
+    todo = [r for r in records if r.id not in skip]
+    random.Random(cfg.seed).shuffle(todo)
+    todo = [r for r in todo if r.id not in done]
     if cfg.limit:
         todo = todo[:max(0, cfg.limit - len(done))]
     if not todo and ds.exists():  # nothing to add: leave the data set, manifest included, as it is
@@ -243,9 +252,10 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     write_manifest(ds, session, cfg, extra={"status": "building"})
 
     sampled = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p)
-    modes = ["sampled" if rng.random() < cfg.sampled_fraction else "greedy" for _ in todo]
+    draws = [answer_draw(cfg.seed, r.id) for r in todo]
+    modes = ["sampled" if u < cfg.sampled_fraction else "greedy" for u, _ in draws]
     options = [GenerateOptions(cfg.max_new_tokens, SamplingParams() if mode == "greedy" else
-                               replace(sampled, seed=rng.randrange(2**63))) for mode in modes]
+                               replace(sampled, seed=seed)) for mode, (_, seed) in zip(modes, draws, strict=True)]
     prompts = [tok.encode_chat(list(r.messages))[-cfg.max_prompt_tokens:] for r in todo]
     new_tokens = answered = 0
     rows: list[tuple[dict, list[int]]] = []
@@ -256,8 +266,9 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
         pending = rows[:]  # taken first: an interrupt after this point cannot make the finally below append twice
         rows.clear()
         ds.append(pending)  # appended as answers finish: a killed build resumes from what was saved
-        report(BuildProgress("generate", answered, len(todo), new_tokens=new_tokens,
-                             seconds=time.perf_counter() - t0))
+        if answered % cfg.batch_size == 0 or answered == len(todo):
+            report(BuildProgress("generate", answered, len(todo), new_tokens=new_tokens,
+                                 seconds=time.perf_counter() - t0))
 
     def finished(i: int, ids: list[int]) -> None:
         nonlocal new_tokens, answered
@@ -267,8 +278,7 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
         rows.append((meta, p + ids))
         new_tokens += len(ids)
         answered += 1
-        if len(rows) >= cfg.batch_size:
-            flush()
+        flush()  # each answer as it finishes (a few per second at most: two small appends)
 
     # Continuous batching: a finished answer's slot takes the next prompt at once.
     # Slots sized to what a sample can hold (the model's whole context per slot reserved 12 GB of

@@ -173,6 +173,51 @@ def test_a_stopped_build_keeps_the_answers_it_finished(tmp_path, monkeypatch):
     assert summary["samples"] == 4 and summary["generated_this_run"] > 0
 
 
+@pytest.mark.model
+def test_a_resumed_build_is_the_data_set_an_uninterrupted_one_is(tmp_path, monkeypatch):
+    """Each answer is saved as it finishes, and a resumed build gives every prompt the order, mode and seed
+    an uninterrupted build gives it (they were drawn over the prompts left, so a sampled answer changed)."""
+    from specdecode.runtime.session import RuntimeConfig, start
+    from specdecode.training import data
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in "abcdefgh"))
+    session = start(RuntimeConfig(dtype="bfloat16", weights="q4", compile="off", threads=1))
+
+    def config(out):
+        return data.DataBuildConfig(out=str(tmp_path / out), prompts=(str(prompts),), max_new_tokens=3,
+                                    batch_size=64, sampled_fraction=0.5, seed=7, limit=6)
+
+    def fake_generate(out, stop_after=None):
+        ds = DataSet(tmp_path / out)
+        before = len(ds.index()) if ds.exists() else 0
+
+        def generate_all(model, prompt_ids, options, eos, batch, on_done):
+            for i, o in enumerate(options):
+                if i == stop_after:
+                    raise KeyboardInterrupt
+                seed = o.sampling.seed
+                on_done(i, [7 if seed is None else seed % 40000, len(prompt_ids[i])])
+                assert len(ds.index()) == before + i + 1  # saved as it finished
+        return generate_all
+
+    monkeypatch.setattr(data, "generate_all", fake_generate("whole"))
+    data.build(config("whole"), session)
+    monkeypatch.setattr(data, "generate_all", fake_generate("cut", stop_after=3))
+    with pytest.raises(KeyboardInterrupt):
+        data.build(config("cut"), session)
+    monkeypatch.setattr(data, "generate_all", fake_generate("cut"))
+    data.build(config("cut"), session)
+
+    def contents(name):
+        ds = DataSet(tmp_path / name)
+        return {r["id"]: (r["mode"], ds.read(r)[0]) for r in ds.index()}
+
+    whole = contents("whole")
+    assert len(whole) == 6 and {mode for mode, _ in whole.values()} == {"greedy", "sampled"}
+    assert contents("cut") == whole
+
+
 def test_the_cli_build_turns_sigterm_into_an_interrupt_once(tmp_path, monkeypatch):
     import signal
 
