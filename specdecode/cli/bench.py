@@ -12,13 +12,14 @@ from typing import Any
 
 from specdecode.bench.harness import BenchConfig
 from specdecode.bench.methods import methods_help
-from specdecode.cli.common import add_model_args, add_store_args, compile_notice, notice
+from specdecode.cli.commands import SUBCOMMANDS
+from specdecode.cli.common import add_model_args, add_prompt_args, add_store_args, compile_notice, notice
 
 _D = BenchConfig()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark decoding methods, interleaved, with a table and JSON",
+    p = sub.add_parser("bench", help=SUBCOMMANDS["bench"][1],
                        description="Compare decoding methods on the same prompts, model, dtype and threads, run by "
                                    "run interleaved so drift hits all alike.")
     p.add_argument("--methods", default=_D.methods,
@@ -27,14 +28,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "llamaserver:spec=eagle3,n_max=2'; compile=on|off: compiled or eager steps for that method "
                         "alone, in the same run")
     p.add_argument("--drafter", default=None, help="drafter for eagle3 methods (default: the shipped one)")
-    p.add_argument("--prompts", default=None,
-                   help="Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...} (default: built-in set)")
-    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
+    add_prompt_args(p, _D.max_new_tokens)
     p.add_argument("--max-prompt-words", type=int, default=None, metavar="N",
                    help="use only prompts of at most N words (applied first), e.g. to keep every request "
                         "inside one compiled cache size")
-    p.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens)
     p.add_argument("--warmup", type=int, default=_D.warmup, help="untimed runs per method before measuring")
     p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")
     p.add_argument("--out", default=None,
@@ -53,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="measure the server at URL over streaming instead of a local model: TTFT, TPOT, ITL, "
                         "output tok/s, failures, and the server's own speculative metrics")
     r.add_argument("--endpoint-model", default=None, help="model name to request (default: the first of /v1/models)")
-    r.add_argument("--api", choices=("chat", "completions"), default="chat")
+    r.add_argument("--api", choices=("chat", "completions"), default="chat",
+                   help="the route requested: /v1/chat/completions or /v1/completions")
     r.add_argument("--concurrency", default=None, metavar="N[,N...]",
                    help="requests in flight at once (remote: one value, default 1); without --endpoint, a list "
                         "such as 1,2,4,8 runs the prompts through continuous batching in this process instead of "
@@ -61,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--spec-policy", default="never,always,auto", metavar="POLICY[,POLICY...]",
                    help="local --concurrency runs: spec policies to measure (default: never,always,auto)")
     r.add_argument("--api-key", default=None, help="bearer token (default: $SPECDECODE_API_KEY or $OPENAI_API_KEY)")
-    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--temperature", type=float, default=0.0, help="remote mode's sampling temperature (0: greedy)")
     add_model_args(p)
     p.set_defaults(func=run)
 

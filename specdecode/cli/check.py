@@ -8,19 +8,25 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, notice, runtime_config
+from specdecode.cli.commands import SUBCOMMANDS
+from specdecode.cli.common import (
+    add_model_args,
+    add_prompt_args,
+    add_spec_args,
+    compile_notice,
+    decoder_spec,
+    notice,
+    runtime_config,
+)
 from specdecode.core.lossless import TOLERANCES
 from specdecode.core.speculative import SpecConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="greedy losslessness of speculative decoding on real prompts",
+    p = sub.add_parser("check", help=SUBCOMMANDS["check"][1],
                        description="Compare speculative and baseline greedy output token by token; report the "
                                    "first divergence and the top-2 logit gap there.")
-    p.add_argument("--prompts", default=None, help="Spec-Bench jsonl or {\"prompt\": ...} jsonl (default: built-in)")
-    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    add_prompt_args(p, 64)
     p.add_argument("--tolerance", type=float, default=None,
                    help="largest top-2 logit gap at which a divergence counts as a near-tie, not a bug "
                         "(default per dtype, measured: " + ", ".join(

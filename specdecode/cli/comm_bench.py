@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_store_args
 
 DEFAULT_SIZES = "2K,8K,32K,128K,512K,2M,8M"  # a decode step's few KB up to 8MB
@@ -21,15 +22,17 @@ def size_list(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("comm-bench", help="all-reduce time, algbw and busbw over message sizes (like nccl-tests)",
+    p = sub.add_parser("comm-bench", help=SUBCOMMANDS["comm-bench"][1],
                        description="all-reduce time, algbw and busbw over message sizes (like nccl-tests)")
     p.add_argument("--world", type=int, default=2, help="processes (ranks) on this machine (default 2)")
     p.add_argument("--sizes", type=size_list, default=size_list(DEFAULT_SIZES),
                    help="message sizes, e.g. 2K,64K,1M (default: a decode step's few KB up to 8MB)")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--iters", type=int, default=20, help="timed all-reduces per message size")
+    p.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per message size first")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="torch.distributed backend (auto: nccl on CUDA, else gloo)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="element type of the messages")
     p.add_argument("--out", default=None, help="write the run to FILE (.jsonl appends; else one JSON document)")
     add_store_args(p, "the run")
     p.set_defaults(func=run)

@@ -112,13 +112,24 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="on CUDA, do not synchronize at phase boundaries (the asynchronous view)")
 
 
+def add_prompt_args(p: argparse.ArgumentParser, max_new_tokens: int,
+                    prompts_help: str = "Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...}") -> None:
+    """The prompt set and answer length of the measuring commands (bench, sweep, check, formats)."""
+    p.add_argument("--prompts", default=None, help=prompts_help + " (default: the built-in set)")
+    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="tokens generated per prompt")
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens to generate")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens whose "
+                                                            "probability reaches P (1 = off)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0 = off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed: the same seed, the same answer "
+                                                          "(default: a fresh draw)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_store_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="compare two stored runs: speed ratio with significance, environment diff "
-                                       "ranked",
+    p = sub.add_parser("compare", help=SUBCOMMANDS["compare"][1],
                        description="Per method, the B/A speed ratio with a 95% CI and a p-value (paired by prompt "
                                    "when possible), and the fingerprint differences ranked by likely impact; a change "
                                    "beyond noise in a changed environment is reported first.")

@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, notice, runtime_config
 from specdecode.cli.serve import add_batch_args, batch_config
 from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "compile", help="compile and store the graphs generate needs on this machine (later starts load them)",
+        "compile", help=SUBCOMMANDS["compile"][1],
         description="Export and compile ahead of time (AOTInductor, freezing) the decode, verify and draft steps "
                     "a request of up to --max-len tokens needs with these flags, one graph per cache size, into "
                     "$SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in under a "

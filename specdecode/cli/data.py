@@ -9,12 +9,14 @@ import math
 import signal
 from typing import Any
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
 from specdecode.training.data import LIKE_SETTINGS, BuildProgress, DataBuildConfig, settings_like
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    data = sub.add_parser("data", help="build drafter training data with the target model, or export it")
+    data = sub.add_parser("data", help=SUBCOMMANDS["data"][1],
+                          description="Build drafter training data with the target model, or export it.")
     commands = data.add_subparsers(dest="data_command", required=True)
     add_export_parser(commands)
     p = commands.add_parser(

@@ -6,19 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
 from specdecode.training.evaluate import EvalDrafterConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval-drafter", help="held-out acceptance: trainer estimate vs engine measurement",
+    p = sub.add_parser("eval-drafter", help=SUBCOMMANDS["eval-drafter"][1],
                        description="On held-out greedy samples, compare the accept length simulated from the "
                                    "training-time test with the one the engine measures (same prompts).")
     d = EvalDrafterConfig(data="", drafter="")
     p.add_argument("--data", required=True, nargs="+",
                    help="data set whose greedy held-out answers are measured; with --acceptance-table one or more, "
                         "each an equal share (e.g. the training data and datasets/smollm2-135m-unseen-v1)")
-    p.add_argument("--drafter", required=True)
+    p.add_argument("--drafter", required=True, help="the trained drafter directory to evaluate")
     p.add_argument("--depth", type=int, default=d.depth, help="chain depth (num_steps)")
     p.add_argument("--samples", type=int, default=d.samples, help="held-out answers (per data set)")
     p.add_argument("--acceptance-table", action="store_true",

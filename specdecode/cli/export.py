@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.integrations.export import ENGINES
 from specdecode.io.llamacpp import GGUF_OUTTYPES
 
@@ -14,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
              "both places those engines read them (eagle_config in SGLang's numbering, the top level in vLLM's), "
              "so one file serves every engine; or (--format gguf) as llama.cpp's EAGLE-3 GGUF for "
              "llama-server --spec-type draft-eagle3")
-    p = sub.add_parser("export", help=about, description=about)
+    p = sub.add_parser("export", help=SUBCOMMANDS["export"][1], description=about)
     p.add_argument("--format", choices=(*ENGINES, "gguf"), required=True,
                    help="the engine it is for: sglang and vllm get the same directory (it carries both engines' "
                         "lists); gguf: one file for llama.cpp (target layers, q/k in GGML's RoPE layout, absolute "

@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 from specdecode.bench.formats import DEFAULT_FORMATS, FormatsConfig
+from specdecode.cli.commands import SUBCOMMANDS
+from specdecode.cli.common import add_prompt_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = FormatsConfig()
-    p = sub.add_parser("formats", help="weight formats and dtypes: forward cost vs k, perplexity, greedy agreement",
+    p = sub.add_parser("formats", help=SUBCOMMANDS["formats"][1],
                        description="For each dtype:weights[:kernels] format (the first is the reference): ms per "
                                    "target forward over k tokens (k=1: a decode step; the verify-cost curve), held-out "
                                    "perplexity and top-1 agreement on --passages, greedy agreement on --prompts.")
@@ -24,15 +26,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--passages", default=None,
                    help="prompts file whose texts score perplexity (e.g. ../shared/data/prompts/long/*.jsonl); "
                         "without it no perplexity is measured")
-    p.add_argument("--num-passages", type=int, default=d.num_passages)
-    p.add_argument("--max-passage-tokens", type=int, default=d.max_passage_tokens)
-    p.add_argument("--prompts", default=None, help="greedy-agreement prompts (default: built-in)")
-    p.add_argument("--num-prompts", type=int, default=None)
-    p.add_argument("--per-category", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--num-passages", type=int, default=d.num_passages, help="passages scored for perplexity")
+    p.add_argument("--max-passage-tokens", type=int, default=d.max_passage_tokens,
+                   help="tokens of each passage scored")
+    add_prompt_args(p, d.max_new_tokens, "greedy-agreement prompts: Spec-Bench jsonl or jsonl of {\"prompt\": ...}")
     p.add_argument("--ks", default=",".join(map(str, d.ks)), help="tokens per timed forward")
     p.add_argument("--context", type=int, default=d.context, help="cached tokens before each timed forward")
-    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed forwards per format and k (the median "
+                                                                  "is reported)")
     p.add_argument("--llama-bench", nargs="?", const="auto", default=None, metavar="PATH",
                    help="also time llama.cpp on the same GGUF with llama-bench (a batch of k tokens after --context "
                         "cached: its verify-cost curve beside ours); PATH, or found as llama-server is "

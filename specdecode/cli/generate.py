@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import (
     add_model_args,
     add_sampling_args,
@@ -21,7 +22,7 @@ from specdecode.cli.common import (
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="answer one prompt",
+    p = sub.add_parser("generate", help=SUBCOMMANDS["generate"][1],
                        description="Generate a response to PROMPT (chat template applied unless --raw).")
     p.add_argument("prompt", help="the user message (or plain text with --raw)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")

@@ -9,6 +9,7 @@ import os
 import shlex
 import sys
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_store_args, spec_config
 from specdecode.core.speculative import SpecConfig
 from specdecode.integrations.launch import CHAIN_ENGINES, LAUNCH_ENGINES
@@ -26,12 +27,11 @@ def launch_spec(args: argparse.Namespace) -> SpecConfig:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = SpecConfig()
-    p = sub.add_parser("launch", help="launch SGLang, vLLM or llama.cpp's llama-server with EAGLE-3 flags, a launch "
-                                      "profile and a recorded fingerprint",
+    p = sub.add_parser("launch", help=SUBCOMMANDS["launch"][1],
                        description="Build the engine's server command (speculative flags, tensor parallel size), "
                                    "apply the launch profile's environment, record the launch in the results store, "
                                    "and run it (--dry-run prints it). Measure it with `specdecode bench --endpoint`.")
-    p.add_argument("engine", choices=LAUNCH_ENGINES)
+    p.add_argument("engine", choices=LAUNCH_ENGINES, help="the server to launch")
     p.add_argument("--model", default=None, help="target model: HF directory or GGUF (converted to an HF directory "
                                                  "the engines can read); default: the shipped SmolLM2")
     p.add_argument("--drafter", default=None,
@@ -45,8 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"tree nodes verified, root included (default: SpecConfig's rule, {d.num_draft_tokens} "
                         "for the default)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default="127.0.0.1", help="address the server listens on")
+    p.add_argument("--port", type=int, default=30000, help="port the server listens on")
     p.add_argument("--launch-profile", default=None, metavar="NAME", help="environment to launch the engine with")
     add_store_args(p, writes=False)  # the launch is always recorded
     p.add_argument("--dry-run", action="store_true", help="print the environment and command; run nothing")

@@ -12,10 +12,9 @@ import importlib
 import os
 import random
 import sys
+from collections.abc import Iterable
 
-# one module per command (specdecode/cli/<module>.py), in the order `--help` lists them
-COMMAND_MODULES = ("generate", "data", "train", "train_report", "eval_drafter", "check", "sweep", "formats", "serve",
-                   "compare", "runs", "comm_bench", "export", "launch", "report", "tune", "bench", "compile")
+from specdecode.cli.commands import SUBCOMMANDS
 
 # Commands whose every rank can run the same loop on its shard (SPMD); rank 0 reports.
 TP_COMMANDS = ("generate", "bench", "sweep", "check", "serve")
@@ -31,14 +30,43 @@ def package_version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with the full subparsers of ``commands`` (None: all of them); every other command is
+    listed by name and help alone, without importing its module (and torch): `specdecode --help` is fast."""
     parser = argparse.ArgumentParser(
         prog="specdecode", description="Fast, measured LLM decoding with EAGLE-3 speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specdecode {package_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"specdecode.cli.{name}").add_parser(sub)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    full = set(SUBCOMMANDS if commands is None else commands)
+    for name, (module, about) in SUBCOMMANDS.items():
+        if name in full:
+            importlib.import_module(f"specdecode.cli.{module}").add_parser(sub)
+        else:
+            sub.add_parser(name, help=about, add_help=False)
+    for command in sub.choices.values():
+        _show_defaults(command)
     return parser
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless the help already names it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default is argparse.SUPPRESS or default in ([], "", ())
+        if action.option_strings and "default" not in text.lower() and not unset:
+            shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+            text += f" (default: {shown.replace('%', '%%')})"
+        return text
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = _DefaultsFormatter
+    for action in parser._actions:  # argparse has no public walk
+        if isinstance(action, argparse._SubParsersAction):  # `data build`, `data export`
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from specdecode.io.errors import ModelLoadError
 
-    parser = build_parser()
+    parser = build_parser(argv[:1])  # the command named first, if any; the rest only listed
     args = parser.parse_args(argv)
     try:
         tp = getattr(args, "tensor_parallel", 1)  # `launch --tp` is the engine's, not ours

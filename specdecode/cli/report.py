@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_store_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="one Markdown or HTML page from stored runs: tables, plots, what changed",
+    p = sub.add_parser("report", help=SUBCOMMANDS["report"][1],
                        description="one Markdown or HTML page from stored runs: tables, plots, what changed")
     p.add_argument("runs", nargs="+", help="run ids (or prefixes, 'latest') in the store, or results files")
     p.add_argument("--out", default="report.md", help="report.md (Markdown + PNGs beside it) or report.html "

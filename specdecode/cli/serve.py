@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import replace
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, notice, runtime_config
 from specdecode.core.batching import SPEC_POLICIES, BatchConfig
 from specdecode.core.prefixcache import BLOCK
@@ -18,7 +19,7 @@ _DEFAULTS = ServeConfig()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)",
+    p = sub.add_parser("serve", help=SUBCOMMANDS["serve"][1],
                        description="Serve the model over HTTP with OpenAI's /v1/completions and "
                                    "/v1/chat/completions (streaming or not), speculative decoding when a drafter "
                                    "is configured, and Prometheus counters on /metrics.")

@@ -9,7 +9,8 @@ from typing import Any
 
 from specdecode.bench.plots import PLOTS_EXTRA_HINT, plots_available
 from specdecode.bench.sweep import SweepConfig
-from specdecode.cli.common import add_model_args, add_store_args, compile_notice, notice
+from specdecode.cli.commands import SUBCOMMANDS
+from specdecode.cli.common import add_model_args, add_prompt_args, add_store_args, compile_notice, notice
 
 _D = SweepConfig()
 
@@ -22,7 +23,7 @@ def int_list(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="grid over num_steps/topk/num_draft_tokens; finds the best configuration",
+    p = sub.add_parser("sweep", help=SUBCOMMANDS["sweep"][1],
                        description="Measure every configuration on the same prompts, interleaved with the baseline; "
                                    "report the optimum, verify cost vs tokens verified, acceptance per position, a "
                                    "cost-model prediction, and PNG plots.")
@@ -30,12 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topk", type=int_list, default=list(_D.topk), help="topk values, e.g. 1,2,4")
     p.add_argument("--draft-tokens", type=int_list, default=None, help="num_draft_tokens values for topk > 1")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
-    p.add_argument("--prompts", default=None)
-    p.add_argument("--num-prompts", type=int, default=None)
-    p.add_argument("--per-category", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=_D.max_new_tokens)
-    p.add_argument("--runs", type=int, default=_D.runs)
-    p.add_argument("--warmup", type=int, default=_D.warmup)
+    add_prompt_args(p, _D.max_new_tokens)
+    p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")
+    p.add_argument("--warmup", type=int, default=_D.warmup, help="untimed runs per configuration before measuring")
     p.add_argument("--dtypes", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
                    help="sweep these dtypes too, e.g. float32,bfloat16 (default: --dtype)")
     p.add_argument("--threads-grid", type=int_list, default=None,

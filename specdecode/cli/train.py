@@ -8,6 +8,7 @@ import json
 import time
 from typing import Any
 
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.training.features import FeatureProgress
 from specdecode.training.trainer import SELECT_MODES, EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
 
@@ -28,11 +29,30 @@ FIELD_HELP = {
     "skip_samples": "leave out the first N training samples (before --limit-samples), e.g. those the --init-from "
                     "drafter was trained on, when its data set has grown since",
     "epochs": "passes over the training samples; the learning-rate schedule spans them",
+    "draft_vocab_size": "the draft head's vocabulary: the most frequent answer tokens of the training split",
+    "ttt_steps": "training-time test: draft steps unrolled on the draft's own hidden states (the held-out "
+                 "evaluation simulates a chain this long)",
+    "max_len": "tokens of a sample trained on (prompt and answer; longer ones are cut)",
+    "batch_tokens": "tokens per training batch (samples packed up to it)",
+    "max_steps": "stop after N steps (default: --epochs' worth)",
+    "seed": "seed of the initialisation, the batch order and the feature noise",
+    "limit_samples": "train on the first N training samples only",
+    "eval_every": "steps between held-out evaluations (and at the last step)",
+    "save_every": "steps between checkpoints (OUT/checkpoint: a killed run resumes there)",
+    "eval_samples": "greedy held-out samples per evaluation",
+    "lr": "peak learning rate (AdamW)",
+    "warmup_ratio": "share of the steps the learning rate warms up over, then cosine decay",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "gradient-norm clip",
+    "step_weight": "loss weight of draft step j is STEP_WEIGHT ** j",
+    "min_lr_ratio": "the cosine decay ends at this share of --lr",
+    "fc_lr_scale": "learning-rate factor of fc (it multiplies the target's large activations)",
+    "feature_noise": "gaussian noise on each target tap, its std relative to the tap's RMS (0: none)",
 }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an EAGLE-3 drafter (training-time test, online target)",
+    p = sub.add_parser("train", help=SUBCOMMANDS["train"][1],
                        description="Train an EAGLE-3 draft head on a data set from `specdecode data build`. Resumes "
                                    "from OUT/checkpoint; writes OUT/config.json + model.safetensors in the "
                                    "SGLang/vLLM/SpecForge format.")
@@ -62,7 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="start from this trained EAGLE-3 drafter (its weights and draft vocabulary; "
                         "--draft-vocab-size must match it) instead of the target's last layer; the optimizer and "
                         "learning-rate schedule start afresh")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--feature-cache", default=None, metavar="DIR",
                    help="compute the target's features once into DIR (about 4.6 KB per token in bf16) and read them "
                         "every epoch instead of running the target again (resumable; refused if made for other data)")

@@ -6,9 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from specdecode.cli.commands import SUBCOMMANDS
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-report", help="acceptance vs training-set size: table and PNG plot",
+    p = sub.add_parser("train-report", help=SUBCOMMANDS["train-report"][1],
                        description="acceptance vs training-set size: table and PNG plot")
     p.add_argument("runs", nargs="+", help="output directories of `specdecode train`")
     p.add_argument("--plot", default=None, help="also plot accept length against samples into this PNG")

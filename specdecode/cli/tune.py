@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 
 from specdecode.bench.tune import COMMANDS, TuneConfig
+from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_store_args
 
 _D = TuneConfig(env=())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="search a grid of environment variables, each point in a fresh process",
+    p = sub.add_parser("tune", help=SUBCOMMANDS["tune"][1],
                        description="Run `specdecode bench` or `comm-bench` (arguments after --) once per point of the "
                                    "environment grid, each in a fresh process (these variables are read at start-up), "
                                    "rounds rotated against drift; report the best point and save it as a launch "
