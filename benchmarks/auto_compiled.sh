@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 for shape in "--no-spec" "--num-steps 1 --topk 1" "--num-steps 2 --topk 1 --num-draft-tokens 3" \
              "--num-steps 3 --topk 1 --num-draft-tokens 4"; do
     # shellcheck disable=SC2086
-    "${SD[@]}" compile --max-len 256 --threads 2 $shape
+    "${SD[@]}" compile --compile-max-len 256 --threads 2 $shape
 done
 "${SD[@]}" generate "Write a short poem about the sea." --max-new-tokens 64 --threads 2 --compile auto --json \
     | .venv/bin/python -c "import json, sys; d = json.load(sys.stdin); json.dump({k: d.get(k) for k in \

@@ -28,7 +28,7 @@ for W in q4 native; do
  'spec_config': r['spec_config'], 'spec_choice': r['spec_choice']}))"
         done > "$R/start-$W.json"
     fi
-    [ -s "$R/sweep-$W/sweep.json" ] || $SD sweep --steps 1,2,3,4 --topk 1,2 --prompts "$SPEC" --per-category 1 \
+    [ -s "$R/sweep-$W/sweep.json" ] || $SD sweep --num-steps 1,2,3,4 --topk 1,2 --prompts "$SPEC" --per-category 1 \
         --max-new-tokens 96 --dtype bfloat16 --weights "$W" --threads 2 --no-store --out "$R/sweep-$W" \
         | tee "$R/sweep-$W.txt"
     BEST=$(python3 -c "import json; print(json.load(open('$R/sweep-$W/sweep.json'))['best'])")

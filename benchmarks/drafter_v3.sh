@@ -32,7 +32,7 @@ for d in v2:"$V2" v3:"$V3"; do
         | tee "$R/eval-drafter-${d%%:*}-heldout.json"
 done
 
-[ -s "$R/sweep-bf16/sweep.json" ] || $SD sweep --drafter "$V3" --steps 1,2,3,4 --topk 1,2 --prompts "$SPEC" --per-category 1 --max-new-tokens 96 \
+[ -s "$R/sweep-bf16/sweep.json" ] || $SD sweep --drafter "$V3" --num-steps 1,2,3,4 --topk 1,2 --prompts "$SPEC" --per-category 1 --max-new-tokens 96 \
     --dtype bfloat16 --threads 2 --no-store --out "$R/sweep-bf16" | tee "$R/sweep-bf16.txt"
 
 [ -s "$R/bench-specbench-bf16.json" ] || $SD bench --dtype bfloat16 --threads 2 --prompts "$SPEC" --per-category 2 --max-new-tokens 128 --warmup 1 \

@@ -27,7 +27,7 @@ mkdir -p "$R/runs"
 quiet() { grep -v -E "Warning|warn_once|warnings.warn" || true; }
 read -r -a ORDER <<< "${SERVERS:-llama-server serve-eager serve-compiled serve-compiled-noprefix}"
 if [[ " ${ORDER[*]} " == *" serve-compiled"* ]] && [ ! -s "$R/compile.txt" ]; then  # graphs only where served
-    { time $SD compile --serve "${BATCH[@]}" --max-len 1024 ; } 2>&1 | quiet | tee "$R/compile.tmp"
+    { time $SD compile --serve "${BATCH[@]}" --compile-max-len 1024 ; } 2>&1 | quiet | tee "$R/compile.tmp"
     mv "$R/compile.tmp" "$R/compile.txt"
 fi
 wait_up() {  # PORT PID: until /health answers (or the server died)

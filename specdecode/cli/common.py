@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from specdecode.core.compiled import COMPILE_MODES
@@ -110,6 +111,19 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", action="store_true", help="print the per-phase profile table")
     g.add_argument("--no-sync", action="store_true",
                    help="on CUDA, do not synchronize at phase boundaries (the asynchronous view)")
+
+
+def add_renamed(p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str, dest: str,
+                type: Callable[[str], Any] = str) -> None:
+    """The old spelling of a renamed flag (one name per concept across commands): still read for a release, hidden
+    from --help, with a note on stderr. Add it after the new one (the new one's default stands)."""
+
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print(f"specdecode: note: {old} is now {new}; the old name goes in a later release", file=sys.stderr)
+            setattr(namespace, self.dest, values)
+
+    p.add_argument(old, dest=dest, type=type, action=Renamed, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_prompt_args(p: argparse.ArgumentParser, max_new_tokens: int,

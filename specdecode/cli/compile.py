@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.cli.common import add_model_args, add_spec_args, decoder_spec, notice, runtime_config
+from specdecode.cli.common import add_model_args, add_renamed, add_spec_args, decoder_spec, notice, runtime_config
 from specdecode.cli.serve import add_batch_args, batch_config
 from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
 
@@ -21,16 +21,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compile", help=SUBCOMMANDS["compile"][1],
         description="Export and compile ahead of time (AOTInductor, freezing) the decode, verify and draft steps "
-                    "a request of up to --max-len tokens needs with these flags, one graph per cache size, into "
+                    "a request of up to --compile-max-len tokens needs with these flags, one graph per cache size, into "
                     "$SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in under a "
                     "second each) and the shapes not stored eager. With --serve, the graphs of `serve` with the "
                     "same flags instead (its batch of up to --max-running-requests rows: every batch size bucket, "
-                    "attention spans up to --max-len); `serve --compile auto` loads them before serving. Graphs "
+                    "attention spans up to --compile-max-len); `serve --compile auto` loads them before serving. Graphs "
                     "already stored are not built again. About 1.5 minutes per target graph on a 2-core CPU, and "
                     "each holds its own copy of the weights on disk. CPU only.")
-    p.add_argument("--max-len", type=int, default=DEFAULT_COMPILE_MAX_LEN,
+    p.add_argument("--compile-max-len", type=int, default=DEFAULT_COMPILE_MAX_LEN, dest="max_len",
                    help="the longest request (prompt + new tokens) to compile for: caches of 256, 512, ... tokens up "
-                        f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; serve's --compile-max-len)")
+                        f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; the same flag as serve's)")
+    add_renamed(p, "--max-len", "--compile-max-len", "max_len", int)
     p.add_argument("--serve", action="store_true",
                    help="the graphs `specdecode serve` with these flags runs (continuous batching), not generate's")
     p.add_argument("--prune", action="store_true",
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prune:
         return prune(args.dry_run, Console(stderr=True))
     if args.max_len < 2:
-        raise ValueError(f"--max-len must be at least 2 tokens, got {args.max_len}")
+        raise ValueError(f"--compile-max-len must be at least 2 tokens, got {args.max_len}")
     batch = batch_config(args) if args.serve else None
     err = Console(stderr=True)
     spec = decoder_spec(args)

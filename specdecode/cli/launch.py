@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter", default=None,
                    help="EAGLE-3 drafter directory, or for llama.cpp its GGUF (default: the shipped one)")
     p.add_argument("--no-spec", action="store_true", help="launch without speculative decoding (a baseline)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel size: the engine's GPUs")
     p.add_argument("--num-steps", type=int, default=None, help=f"draft depth (default {d.num_steps}, SpecConfig's)")
     p.add_argument("--topk", type=int, default=None,
                    help=f"branching per draft step (default: SGLang {d.topk}, SpecConfig's; vLLM and llama.cpp "

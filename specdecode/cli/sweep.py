@@ -10,7 +10,7 @@ from typing import Any
 from specdecode.bench.plots import PLOTS_EXTRA_HINT, plots_available
 from specdecode.bench.sweep import SweepConfig
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.cli.common import add_model_args, add_prompt_args, add_store_args, compile_notice, notice
+from specdecode.cli.common import add_model_args, add_prompt_args, add_renamed, add_store_args, compile_notice, notice
 
 _D = SweepConfig()
 
@@ -27,9 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Measure every configuration on the same prompts, interleaved with the baseline; "
                                    "report the optimum, verify cost vs tokens verified, acceptance per position, a "
                                    "cost-model prediction, and PNG plots.")
-    p.add_argument("--steps", type=int_list, default=list(_D.steps), help="num_steps values, e.g. 1,2,3,4")
-    p.add_argument("--topk", type=int_list, default=list(_D.topk), help="topk values, e.g. 1,2,4")
-    p.add_argument("--draft-tokens", type=int_list, default=None, help="num_draft_tokens values for topk > 1")
+    p.add_argument("--num-steps", type=int_list, default=list(_D.steps), dest="steps",
+                   help="draft depths to measure, e.g. 1,2,3,4")
+    add_renamed(p, "--steps", "--num-steps", "steps", int_list)
+    p.add_argument("--topk", type=int_list, default=list(_D.topk), help="branchings to measure, e.g. 1,2,4")
+    p.add_argument("--num-draft-tokens", type=int_list, default=None, dest="draft_tokens",
+                   help="tree nodes verified, for topk > 1 (default: each shape's own rule)")
+    add_renamed(p, "--draft-tokens", "--num-draft-tokens", "draft_tokens", int_list)
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     add_prompt_args(p, _D.max_new_tokens)
     p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from specdecode.cli.commands import SUBCOMMANDS
+from specdecode.cli.common import add_renamed
 from specdecode.training.features import FeatureProgress
 from specdecode.training.trainer import SELECT_MODES, EvalDone, StepDone, TrainConfig, TrainEvent, TrainStarted
 
@@ -71,9 +72,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the weights written to OUT: the held-out evaluation with the highest simulated accept "
                         "length (best, kept in OUT/best as the run goes; it needs held-out samples) or the last step "
                         "(default: best)")
-    p.add_argument("--target-dtype", default=d.target_dtype,
+    p.add_argument("--dtype", default=d.target_dtype, dest="target_dtype",
                    help="dtype of the frozen target: auto (bfloat16 where the device computes bf16 natively, else "
                         "float32: bf16 on a CPU without it was 6x slower), bfloat16 or float32. Default: auto")
+    add_renamed(p, "--target-dtype", "--dtype", "target_dtype")
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
                    help="the draft's matmuls in bf16 (fp32 master weights); default: where the device computes bf16 "
                         "natively (emulated, it was 25x slower than fp32)")

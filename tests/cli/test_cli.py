@@ -120,7 +120,7 @@ def test_mismatched_drafter_is_a_clear_error(tmp_path):
 
 def test_sweep_reports_configs_cost_model_and_plots(tmp_path):
     out = tmp_path / "sweep"
-    specdecode("sweep", "--steps", "1,2,3", "--topk", "1,2", "--drafter", "random", "--num-prompts", "2",
+    specdecode("sweep", "--num-steps", "1,2,3", "--topk", "1,2", "--drafter", "random", "--num-prompts", "2",
                "--max-new-tokens", "8", "--warmup", "0", "--out", str(out))
     result = json.loads((out / "sweep.json").read_text())
     methods = [c["method"] for c in result["configs"]]

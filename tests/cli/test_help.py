@@ -4,6 +4,7 @@ command list prints without importing torch (each command's module does)."""
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ def test_every_flag_has_help_and_shows_its_default():
             continue
         text = " ".join(parser.format_help().split())
         for action in parser._actions:
-            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            hidden = action.help == argparse.SUPPRESS  # an old spelling
+            if hidden or isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
                 continue
             if not action.help:
                 missing.append(f"{path} {action.option_strings or action.dest}")
@@ -51,3 +53,23 @@ def test_the_command_list_needs_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().endswith("no torch"), out.stdout + out.stderr
     assert all(name in out.stdout for name in SUBCOMMANDS) and "answer one prompt" in out.stdout
+
+
+def test_renamed_flags_keep_their_old_spelling_for_a_release_with_a_note(capsys):
+    """One name per concept: sweep --num-steps/--num-draft-tokens as generate's, compile --compile-max-len as
+    serve's, train --dtype as every other command's; the old names still parse, with a note, hidden from --help."""
+    new = {"--steps": "--num-steps", "--draft-tokens": "--num-draft-tokens", "--max-len": "--compile-max-len",
+           "--target-dtype": "--dtype"}
+    cases = {("sweep", "--steps", "1,2"): ("steps", [1, 2]),
+             ("sweep", "--draft-tokens", "4"): ("draft_tokens", [4]),
+             ("compile", "--max-len", "256"): ("max_len", 256),
+             ("train", "--data", "d", "--out", "o", "--target-dtype", "float32"): ("target_dtype", "float32")}
+    for argv, (dest, value) in cases.items():
+        old = argv[-2]
+        parser = build_parser(argv[:1])
+        assert getattr(parser.parse_args(list(argv)), dest) == value
+        assert f"note: {old} is now {new[old]}" in capsys.readouterr().err
+        assert getattr(parser.parse_args([new.get(a, a) for a in argv]), dest) == value
+        assert "note" not in capsys.readouterr().err
+        command = next(p for path, p in _parsers(parser) if path == argv[0])
+        assert not re.search(rf"(?<![\w-]){re.escape(old)}\b", command.format_help()), old

@@ -325,7 +325,7 @@ def test_cached_features_give_the_online_target_batch(tiny_setup, monkeypatch):
 
 def test_training_from_cached_features_matches_online_training(tiny_setup):
     model_dir, data, tmp = tiny_setup
-    args = ("--max-steps", "6", "--target-dtype", "float32", "--no-autocast")
+    args = ("--max-steps", "6", "--dtype", "float32", "--no-autocast")
     online = subprocess.run(train_cmd(model_dir, data, tmp / "online", *args), capture_output=True, text=True,
                             timeout=300)
     cached = subprocess.run(train_cmd(model_dir, data, tmp / "cached", *args, "--feature-cache", str(tmp / "feat")),
