@@ -13,7 +13,15 @@ from typing import Any
 from specdecode.bench.harness import BenchConfig
 from specdecode.bench.methods import methods_help
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.cli.common import add_model_args, add_prompt_args, add_store_args, compile_notice, notice
+from specdecode.cli.common import (
+    add_model_args,
+    add_prompt_args,
+    add_store_args,
+    compile_notice,
+    non_negative_int,
+    notice,
+    positive_int,
+)
 
 _D = BenchConfig()
 
@@ -32,8 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-words", type=int, default=None, metavar="N",
                    help="use only prompts of at most N words (applied first), e.g. to keep every request "
                         "inside one compiled cache size")
-    p.add_argument("--warmup", type=int, default=_D.warmup, help="untimed runs per method before measuring")
-    p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")
+    p.add_argument("--warmup", type=non_negative_int, default=_D.warmup,
+                   help="untimed runs per method before measuring")
+    p.add_argument("--runs", type=positive_int, default=_D.runs, help="passes over the prompt set")
     p.add_argument("--out", default=None,
                    help="also write the run to FILE: .jsonl appends a run line and one line per record; "
                         "other names get one JSON document")

@@ -15,6 +15,7 @@ from specdecode.cli.common import (
     add_spec_args,
     compile_notice,
     decoder_spec,
+    non_negative_float,
     notice,
     runtime_config,
 )
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Compare speculative and baseline greedy output token by token; report the "
                                    "first divergence and the top-2 logit gap there.")
     add_prompt_args(p, 64)
-    p.add_argument("--tolerance", type=float, default=None,
+    p.add_argument("--tolerance", type=non_negative_float, default=None,
                    help="largest top-2 logit gap at which a divergence counts as a near-tie, not a bug "
                         "(default per dtype, measured: " + ", ".join(
                             f"{str(d).removeprefix('torch.')} {t:g}" for d, t in TOLERANCES.items()) + ")")

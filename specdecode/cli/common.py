@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from specdecode.core.compiled import COMPILE_MODES
@@ -113,6 +114,35 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="on CUDA, do not synchronize at phase boundaries (the asynchronous view)")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (counts, lengths), refused before anything loads."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def existing_file(text: str) -> str:
+    """argparse type: a file that exists (prompt sets), refused before the model loads, not after."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
+
+
 def add_renamed(p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str, dest: str,
                 type: Callable[[str], Any] = str) -> None:
     """The old spelling of a renamed flag (one name per concept across commands): still read for a release, hidden
@@ -129,15 +159,16 @@ def add_renamed(p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, 
 def add_prompt_args(p: argparse.ArgumentParser, max_new_tokens: int,
                     prompts_help: str = "Spec-Bench jsonl (turns, category) or jsonl of {\"prompt\": ...}") -> None:
     """The prompt set and answer length of the measuring commands (bench, sweep, check, formats)."""
-    p.add_argument("--prompts", default=None, help=prompts_help + " (default: the built-in set)")
-    p.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--per-category", type=int, default=None, help="use the first N prompts of each category")
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="tokens generated per prompt")
+    p.add_argument("--prompts", type=existing_file, default=None, help=prompts_help + " (default: the built-in set)")
+    p.add_argument("--num-prompts", type=positive_int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=positive_int, default=None,
+                   help="use the first N prompts of each category")
+    p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens, help="tokens generated per prompt")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens to generate")
+    g.add_argument("--max-new-tokens", type=positive_int, default=256, help="the most tokens to generate")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set of tokens whose "
                                                             "probability reaches P (1 = off)")

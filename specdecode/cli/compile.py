@@ -21,13 +21,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compile", help=SUBCOMMANDS["compile"][1],
         description="Export and compile ahead of time (AOTInductor, freezing) the decode, verify and draft steps "
-                    "a request of up to --compile-max-len tokens needs with these flags, one graph per cache size, into "
-                    "$SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in under a "
-                    "second each) and the shapes not stored eager. With --serve, the graphs of `serve` with the "
-                    "same flags instead (its batch of up to --max-running-requests rows: every batch size bucket, "
-                    "attention spans up to --compile-max-len); `serve --compile auto` loads them before serving. Graphs "
-                    "already stored are not built again. About 1.5 minutes per target graph on a 2-core CPU, and "
-                    "each holds its own copy of the weights on disk. CPU only.")
+                    "a request of up to --compile-max-len tokens needs with these flags, one graph per cache "
+                    "size, into $SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in "
+                    "under a second each) and the shapes not stored eager. With --serve, the graphs of `serve` "
+                    "with the same flags instead (its batch of up to --max-running-requests rows: every batch "
+                    "size bucket, attention spans up to --compile-max-len); `serve --compile auto` loads them "
+                    "before serving. Graphs already stored are not built again. About 1.5 minutes per target "
+                    "graph on a 2-core CPU, and each holds its own copy of the weights on disk. CPU only.")
     p.add_argument("--compile-max-len", type=int, default=DEFAULT_COMPILE_MAX_LEN, dest="max_len",
                    help="the longest request (prompt + new tokens) to compile for: caches of 256, 512, ... tokens up "
                         f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; the same flag as serve's)")

@@ -10,7 +10,7 @@ import signal
 from typing import Any
 
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
+from specdecode.cli.common import add_model_args, compile_notice, existing_file, notice, runtime_config
 from specdecode.training.data import LIKE_SETTINGS, BuildProgress, DataBuildConfig, settings_like
 
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "resumable on-disk data set with a held-out split.")
     d = DataBuildConfig(out="", prompts=())
     p.add_argument("--out", required=True, help="data directory (created, or resumed if it exists)")
-    p.add_argument("--prompts", nargs="+", default=None,
+    p.add_argument("--prompts", nargs="+", type=existing_file, default=None,
                    help="prompt files: self-instruct seed tasks, user-oriented instructions, or jsonl with "
                         "'prompt' / 'instruction' / 'messages' (Spec-Bench is refused); required unless --like")
     p.add_argument("--like", default=None, metavar="DATA",

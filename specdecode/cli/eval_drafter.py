@@ -8,6 +8,8 @@ import json
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
+from specdecode.io.checkpoints import check_drafter_dir
+from specdecode.training.dataset import DataSet
 from specdecode.training.evaluate import EvalDrafterConfig
 
 
@@ -38,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if len(args.data) > 1 and not args.acceptance_table:
         notice("error: more than one --data is for --acceptance-table; the trainer-vs-engine comparison reads one")
         return 2
+    check_drafter_dir(args.drafter)  # the inputs before the model loads
+    for path in args.data:
+        if not DataSet(path).exists():
+            DataSet(path).index()  # raises its error: not found, and which command builds one
     session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     if args.acceptance_table:
         import sys

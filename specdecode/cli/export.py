@@ -7,6 +7,7 @@ import argparse
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.integrations.export import ENGINES
+from specdecode.io.checkpoints import check_drafter_dir
 from specdecode.io.llamacpp import GGUF_OUTTYPES
 
 
@@ -40,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.integrations.export import export_drafter
     from specdecode.io.paths import prepare_output
 
-    prepare_output(args.out, "--out", args.overwrite)  # before the target loads
+    if args.drafter:  # the inputs before the output directory is made and the target loads
+        check_drafter_dir(args.drafter)
+    prepare_output(args.out, "--out", args.overwrite)
     if args.format == "gguf":
         from specdecode.io.llamacpp import export_drafter_gguf
 

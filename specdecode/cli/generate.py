@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     spec = decoder_spec(args)  # bad flags are refused before the model loads
+    options = GenerateOptions(max_new_tokens=args.max_new_tokens, sampling=sampling_params(args),
+                              stop=tuple(args.stop))
     t0 = time.perf_counter()
     session = start(runtime_config(args), on_compile=compile_notice, log=notice)
     load_s = time.perf_counter() - t0
@@ -56,8 +58,6 @@ def run(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}]
         prompt_ids = tok.encode_chat(messages)
-    options = GenerateOptions(max_new_tokens=args.max_new_tokens, sampling=sampling_params(args),
-                              stop=tuple(args.stop))
     if not args.json:
         err.print(f"format: {session.config.dtype}, {session.config.weights} weights ({session.format_reason})",
                   markup=False, highlight=False)

@@ -13,6 +13,7 @@ import os
 import random
 import sys
 from collections.abc import Iterable
+from typing import NoReturn
 
 from specdecode.cli.commands import SUBCOMMANDS
 
@@ -33,8 +34,7 @@ def package_version() -> str:
 def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The parser with the full subparsers of ``commands`` (None: all of them); every other command is
     listed by name and help alone, without importing its module (and torch): `specdecode --help` is fast."""
-    parser = argparse.ArgumentParser(
-        prog="specdecode", description="Fast, measured LLM decoding with EAGLE-3 speculative decoding.")
+    parser = _Parser(prog="specdecode", description="Fast, measured LLM decoding with EAGLE-3 speculative decoding.")
     parser.add_argument("--version", action="version", version=f"specdecode {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     full = set(SUBCOMMANDS if commands is None else commands)
@@ -46,6 +46,14 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     for command in sub.choices.values():
         _show_defaults(command)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line, naming the command and where its flags are described (argparse printed the whole
+    usage first: 14 lines for `sweep`). Subparsers are of this class too (argparse's default)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):

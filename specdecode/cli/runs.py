@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.cli.common import add_store_args
+from specdecode.cli.common import add_store_args, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help=SUBCOMMANDS["runs"][1], description="list the runs in the results store")
     add_store_args(p, writes=False)
-    p.add_argument("--limit", type=int, default=20, help="list the N latest runs")
+    p.add_argument("--limit", type=positive_int, default=20, help="list the N latest runs")
     p.set_defaults(func=run)
 
 

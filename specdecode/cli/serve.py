@@ -129,11 +129,14 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import on_passing_thread, start
-    from specdecode.serving.serve import serve
 
     config = serve_config(args)
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
         raise ValueError("the server needs FastAPI and uvicorn: pip install 'specdecode[serve]'")
+    from specdecode.serving.serve import check_port, serve
+
+    if int(os.environ.get("RANK", "0")) == 0:  # under tensor parallelism only rank 0 listens
+        check_port(config.host, config.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = decoder_spec(args)  # bad flags are refused before the model loads
     runtime = runtime_config(args)

@@ -10,16 +10,29 @@ from typing import Any
 from specdecode.bench.plots import PLOTS_EXTRA_HINT, plots_available
 from specdecode.bench.sweep import SweepConfig
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.cli.common import add_model_args, add_prompt_args, add_renamed, add_store_args, compile_notice, notice
+from specdecode.cli.common import (
+    add_model_args,
+    add_prompt_args,
+    add_renamed,
+    add_store_args,
+    compile_notice,
+    non_negative_int,
+    notice,
+    positive_int,
+)
 
 _D = SweepConfig()
 
 
 def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers, each at least 1 (depths, widths, thread counts)."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers of at least 1, got {text!r}")
+    return values
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_renamed(p, "--draft-tokens", "--num-draft-tokens", "draft_tokens", int_list)
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     add_prompt_args(p, _D.max_new_tokens)
-    p.add_argument("--runs", type=int, default=_D.runs, help="passes over the prompt set")
-    p.add_argument("--warmup", type=int, default=_D.warmup, help="untimed runs per configuration before measuring")
+    p.add_argument("--runs", type=positive_int, default=_D.runs, help="passes over the prompt set")
+    p.add_argument("--warmup", type=non_negative_int, default=_D.warmup,
+                   help="untimed runs per configuration before measuring")
     p.add_argument("--dtypes", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
                    help="sweep these dtypes too, e.g. float32,bfloat16 (default: --dtype)")
     p.add_argument("--threads-grid", type=int_list, default=None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+import socket
 from pathlib import Path
 
 from specdecode.core.engine import Engine
@@ -32,6 +33,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse (ValueError) an address that cannot be bound, before the model loads and is timed: a port in
+    use had been found only after both. Port 0 (any free one) always binds."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closed port's TIME_WAIT is fine
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror} (another server there? choose --port, "
+                             f"or --host)") from None
 
 
 def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:

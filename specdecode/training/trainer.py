@@ -116,6 +116,20 @@ class TrainConfig:
         if self.skip_samples < 0 or (self.limit_samples or 0) < 0:
             raise ValueError(f"skip_samples={self.skip_samples}, limit_samples={self.limit_samples}: give numbers of "
                              f"samples >= 0")
+        at_least_one = ("draft_vocab_size", "ttt_steps", "batch_tokens", "eval_every", "save_every", "eval_samples")
+        positive = ("lr", "epochs", "grad_clip", "step_weight")
+        for name in at_least_one + positive + ("max_steps",):
+            value = getattr(self, name)
+            if value is not None and (value < 1 if name in at_least_one or name == "max_steps" else value <= 0):
+                raise ValueError(f"{name}={value}: it must be {'at least 1' if name not in positive else 'above 0'} "
+                                 f"(--{name.replace('_', '-')})")
+        if self.max_len < 2:
+            raise ValueError(f"max_len={self.max_len}: a sample needs at least 2 tokens (--max-len)")
+        for name in ("warmup_ratio", "min_lr_ratio", "weight_decay", "feature_noise"):
+            value = getattr(self, name)
+            if value < 0 or (name.endswith("ratio") and value > 1):
+                raise ValueError(f"{name}={value}: it must be >= 0{' and <= 1' if name.endswith('ratio') else ''} "
+                                 f"(--{name.replace('_', '-')})")
 
     @property
     def eval_settings(self) -> EvalSettings:

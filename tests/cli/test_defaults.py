@@ -17,7 +17,7 @@ from specdecode.runtime.session import RuntimeConfig
 from tests.helpers import run_specdecode
 
 COMMANDS = (["generate", "hi"], ["serve"], ["bench"], ["sweep"], ["eval-drafter", "--data", "d", "--drafter", "x"],
-            ["data", "build", "--out", "o", "--prompts", "p"])
+            ["data", "build", "--out", "o", "--prompts", __file__])  # an existing file
 
 
 def test_every_command_parses_to_the_one_default():

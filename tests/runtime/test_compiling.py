@@ -66,7 +66,7 @@ def test_auto_compiles_long_running_jobs_only():
 
 
 @pytest.mark.parametrize("argv, long_running, stored", [
-    (["serve"], False, True), (["data", "build", "--out", "o", "--prompts", "p"], True, False),
+    (["serve"], False, True), (["data", "build", "--out", "o", "--prompts", __file__], True, False),
     (["generate", "hi"], False, True), (["bench"], False, False), (["sweep"], False, False)])
 def test_every_command_parses_the_flag(argv, long_running, stored):
     """auto: data build compiles at first use; generate and serve run the stored graphs (serve loads

@@ -221,6 +221,9 @@ def test_a_resumed_build_is_the_data_set_an_uninterrupted_one_is(tmp_path, monke
 def test_the_cli_build_turns_sigterm_into_an_interrupt_once(tmp_path, monkeypatch):
     import signal
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text("")  # --prompts names files that exist
+
     from specdecode.cli import data as cli_data
     from specdecode.cli.main import main
     from specdecode.runtime import session as session_module
@@ -275,6 +278,8 @@ def test_build_like_takes_a_data_sets_draw_and_the_flags_given_win(tmp_path, mon
     """`data build --like DATA`: DATA's prompt files (looked up by name under --prompts-dir when given, long/ kept)
     and settings (a merged set, merged again or not: its first part's); flags given as well win; clear errors
     otherwise."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text("")  # --prompts names files that exist
     import signal
 
     from specdecode.cli.main import main
