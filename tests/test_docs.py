@@ -1,0 +1,69 @@
+"""The prose a newcomer reads first keeps its promises: the README is short, starts with a command, lists
+every command, points only inside the repository, and its results table is generated from the result files;
+ARCHITECTURE.md names the modules that exist, and every module is named."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from specdecode.cli.commands import SUBCOMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_short_and_starts_with_a_command():
+    lines = README.splitlines()
+    assert len(lines) <= 250, len(lines)
+    first = next(i for i, line in enumerate(lines) if re.match(r"(scripts/demo\.sh|\.venv/bin/specdecode|specdecode) ",
+                                                                   line))
+    assert first < 40, first
+
+
+def test_the_readme_lists_every_command_and_links_inside_the_repository():
+    listed = re.findall(r"^\| `([a-z-]+)` \|", README, flags=re.MULTILINE)
+    assert sorted(listed) == sorted(SUBCOMMANDS), listed
+    assert "../" not in README  # no path outside the repository
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), target
+    for doc in (ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\(([^)#]+)\)", doc.read_text()):
+            if not target.startswith("http"):
+                assert (doc.parent / target).exists(), (doc.name, target)
+
+
+def test_the_readme_results_table_is_generated_from_the_result_files():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_results.py"), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_architecture_names_every_module_and_only_modules_that_exist():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    assert not re.search(r"about \d+ lines", text)  # line counts go stale
+    for package in ("core", "io", "runtime", "bench", "training", "serving", "integrations", "cli"):
+        start = text.index(f"**`{package}/`**")
+        end = text.find("\n**`", start + 1)
+        paragraph = text[start:end if end > 0 else None]
+        named = set(re.findall(r"`([a-z_]+)\.py`", paragraph))
+        if package == "cli":  # one module per command, named in the command table
+            named |= {module for module, _ in SUBCOMMANDS.values()}
+        modules = {p.stem for p in (ROOT / "specdecode" / package).glob("*.py")} - {"__init__", "__main__"}
+        assert named <= modules, (package, named - modules)
+        assert modules <= named, (package, modules - named)
+
+
+def test_the_cycle_diagram_names_functions_that_exist():
+    from specdecode.core import speculative
+
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    diagram = text[text.index("## Data flow of one speculative cycle"):text.index("## Long modules")]
+    named = set(re.findall(r"\b([a-z]+_[a-z_]+|spec_cycle)\b", diagram)) - {"num_steps", "num_draft_tokens"}
+    missing = [n for n in named if not hasattr(speculative, n)]
+    assert not missing, missing
+    for cls in re.findall(r"\b(DraftState|DraftTree|Verification|Acceptance|SpecRow|CycleResult)\b", diagram):
+        assert hasattr(speculative, cls), cls
