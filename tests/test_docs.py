@@ -67,3 +67,15 @@ def test_the_cycle_diagram_names_functions_that_exist():
     assert not missing, missing
     for cls in re.findall(r"\b(DraftState|DraftTree|Verification|Acceptance|SpecRow|CycleResult)\b", diagram):
         assert hasattr(speculative, cls), cls
+
+
+def test_module_docstrings_stay_short():
+    """What and why in a few lines; measurements and reference go to docs/ and result folders."""
+    import ast
+
+    long = []
+    for path in (ROOT / "specdecode").rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        if doc and len(doc.splitlines()) > 15:
+            long.append(f"{path.relative_to(ROOT)}: {len(doc.splitlines())} lines")
+    assert not long, long

@@ -10,13 +10,7 @@ count) is flagged there and printed.
 A profile is a small TOML file in ``$SPECDECODE_PROFILE_DIR`` (default
 ``~/.config/specdecode/profiles``) or any path ending in ``.toml``::
 
-    name = "cpu-2t"
-    description = "tuned by specdecode tune: 54.1 tok/s median, best of 4 points"
-    created = "2026-11-30 15:02:11"
-    [env]
-    OMP_NUM_THREADS = "2"
-    KMP_BLOCKTIME = "0"
-    NCCL_PROTO = ""        # an empty value means: unset this variable
+More in docs/measuring.md.
 """
 
 from __future__ import annotations

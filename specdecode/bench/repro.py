@@ -3,20 +3,10 @@ it is batched with others, and when it is decoded speculatively instead of plain
 
 Everything goes through the server's machinery (``core.batching``'s continuous batching): a
 request alone is a batch of one slot; batched, ``ReproConfig.batch`` slots take the prompts as they
-come (rows join as others finish, so each request meets changing neighbours). Per decoding mode
-(plain steps, as ``--spec-policy never``; speculative steps, as ``always``; ``auto`` is one of the
-two per batch size, fixed at start):
+come (rows join as others finish, so each request meets changing neighbours). Each check is run per
+decoding mode (plain steps, as ``--spec-policy never``; speculative steps, as ``always``).
 
-- ``repeat``: greedy alone, ``repeats`` times: every run equal to the first;
-- ``seeded``: sampled alone with one seed, twice: equal;
-- ``batched``: greedy in a batch of ``batch`` slots: equal to greedy alone;
-  (``batch_invariant``: the server's ``--batch-invariant``; alone is then one request at a time in a
-  pool of ``batch`` slots, every step running all of them;)
-- ``vs_plain`` (speculative only): greedy alone equal to the plain mode's greedy alone.
-
-Counts are prompts whose outputs were identical over all their tokens; where they differ, the first
-differing position is kept. The generated tokens per second of the first alone pass and of the batched
-pass say what a mode costs (sequential passes of one process, not an interleaved benchmark).
+The checks in detail: docs/measuring.md.
 """
 
 from __future__ import annotations

@@ -6,20 +6,7 @@ or are in prefill; a request that leaves takes its place back by moving the last
 block into it (one copy of that row's cache), so every batched forward runs over a
 contiguous block of rows with per-row lengths (``Transformer.forward(slots=...)``).
 
-Each ``step()``:
-1. prefills one chunk of a waiting request, the one with the fewest chunks done (so chunks go
-   round the waiting requests: a long prompt does not stall the others for more than a chunk,
-   nor a short prompt behind it for more than one of its chunks);
-2. runs one batched step over every decoding request, chosen by the spec policy:
-   - plain: one target forward over one token per row;
-   - speculative: ``core.speculative.spec_cycle``, the one cycle a request alone also runs
-     (as a batch of one): the drafter catches up on every row in one forward, every row's
-     tree frontier is drafted in one forward per level, one target forward verifies every
-     tree (per-row tree masks and positions), acceptance and cache compaction per row;
-3. returns the new chunks per request (stop tokens, stop strings, max tokens per request).
-
-Every row keeps its own sampling parameters and generator, so its tokens are the ones it
-would get alone: greedy output identical (tested in float64), sampling exact per request.
+More in docs/serving.md.
 """
 
 from __future__ import annotations

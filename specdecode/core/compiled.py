@@ -7,22 +7,7 @@ costs what the real context needs, not the model's maximum. Padding tokens write
 scratch slot and are masked out; padding queries see key 0 only (a finite softmax). Prefill
 chunks (more tokens) stay eager.
 
-On CPU the graphs are built by inductor with freezing (weights as constants: the bf16 linear
-weights packed for oneDNN; a 4-bit or int8 layer whose plan chose oneDNN runs its nearest smaller
-unpacked choice, ``core.quant.QuantizedDispatch``) and the C++ wrapper (no Python between kernels).
-Measured on a 2-core Xeon (bf16 activations, the GGUF's 4-bit weights, SmolLM2-135M, 200 tokens
-of context): a decode step 15.4 ms compiled against 28.1 ms eager, verify of 5 tokens 33.1 against
-49.9 ms; plain inductor was slower than eager in an earlier measurement (issue 22), and so was a
-cache stored as views of one tensor (28 ms: inductor copied it every step). On CUDA the graphs are CUDA graphs
-(``mode="reduce-overhead"``), the cache tensors marked static so the steps' in-place writes may be
-captured (``mark_static``; not yet run on a GPU with the mark).
-
-A graph compiles on its first call (``on_compile`` reports it): about 70-110 s cold here per
-graph, 17-25 s when inductor's on-disk cache (``$SPECDECODE_CACHE/inductor``) has it. With a
-``GraphStore`` (``runtime.compiling.PackageStore``, CPU) a graph is instead exported whole
-(``torch.export`` + AOTInductor, freezing on) and kept on disk per bucket: a later process loads
-it in under a second instead of tracing it again. ``build=False`` uses only what the store holds
-and runs the other buckets' padded steps eager (``generate --compile auto``).
+More in docs/compiled.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """Linear-layer kernels, chosen per weight shape and row count by measurement.
 
-Decoding streams every weight once per step, so the matmul kernel sets the step time. No
-kernel wins everywhere: measured on this machine (AMD EPYC Zen4, 2 threads, SmolLM2-135M's
-shapes, weights streamed from memory, microseconds per call at 1 row):
+Decoding streams every weight once per step, so the matmul kernel sets the step time, and no kernel
+wins at every shape and row count (bf16 `F.linear` against oneDNN with the weight packed once, int8 and
+4-bit kernels). So ``choose_kernels`` times every candidate of each weight shape on the model's own
+weights at the row counts of ``ROW_BUCKETS``, once, and ``apply_kernels`` installs the choice
+(``runtime.kernels`` caches it on disk). Every kernel of a layer computes the same formula.
 
-- bf16: ``F.linear`` qkv 55, o 34, gate_up 145, down 72, lm_head 1899 (about 22 GB/s); oneDNN
-  with the weight packed once at load (``mkldnn._reorder_linear_weight`` + ``_linear_pointwise``,
-  what inductor's freezing pass emits) 28, 18, 86, 41, 1232 (40-46 GB/s), bit-identical to
-  ``F.linear``; it stays ahead up to 256 rows (gate_up: 57 vs 176 at 1 row, 967 vs 1167 at 256).
-- fp32 gate_up: ``F.linear`` 432 us at 1 row, 592 at 8; oneDNN packed 105 and 157 (with a
-  batch hint of 64; 137 and 321 with a hint of 1), within 1e-4 of ``F.linear`` (another
-  summation order); the weight-as-left-operand GEMM (``weight_left`` below) in between.
-- int8 weights (``core.quant.Int8Linear``): ``aten._weight_int8pack_mm`` reads lm_head at 1
-  row in 0.37 ms but its cost grows with the rows, and on the small layer matrices it runs at
-  about 14 GB/s of int8 (per-call overhead).
-
-- bf16 on a CPU whose oneDNN has no bf16 (AVX2 only: AMD EPYC, 2 threads), 4-bit weights
-  (``core.quant.Int4Linear``), ms per call, ``int4pack`` against the weight dequantised to fp32 once and
-  packed for oneDNN (``onednn_f32``: activations converted to fp32 and back): gate_up [3072x576] 16
-  rows 0.71 vs 0.47, 64 rows 2.79 vs 1.60, 256 rows 11.2 vs 5.8; down [576x1536] 256 rows 5.5 vs 2.8.
-  A 256-token prefill chunk spent 84% of its 915 ms in ``int4pack``. The copy costs memory (fp32: 8x
-  the 4-bit bytes, 2x bf16), so ``runtime.kernels`` offers it only where it fits.
-
-So :func:`choose_kernels` times every candidate of each weight shape on the model's own weights
-at the row counts of :data:`ROW_BUCKETS`, once, and :func:`apply_kernels` installs the choice
-(``runtime.kernels`` caches it on disk with the hardware it was measured on). Without a plan a
-layer keeps its static rule. Every kernel of a layer computes the same formula; bf16 results
-are identical, fp32 ones differ in summation order only.
+The measurements behind this, per kernel and shape: docs/formats.md.
 """
 
 from __future__ import annotations

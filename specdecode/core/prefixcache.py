@@ -10,12 +10,7 @@ when the engine drafts, the target's taps there (``SpecRow.pending_hidden``): th
 reads a cached prompt whole, as it would after a full prefill. The least recently used block
 without children is evicted first, so a shared stem outlives the branches that hang from it.
 
-Only full blocks of a prompt are stored, and a hit leaves at least one prompt token to compute
-(the first new token's logits come from it). Keys and values computed in another prompt's chunk
-equal the ones this prompt's own chunks would give only up to rounding (a matmul's row results can
-depend on how many rows it had), so the engine asks for ``aligned`` hits (multiples of its prefill
-chunk): a prompt then runs the same chunks as when prefilled from scratch, and a repeated request
-gets the first one's answer bit for bit.
+More in docs/serving.md.
 """
 
 from __future__ import annotations

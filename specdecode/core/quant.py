@@ -7,17 +7,7 @@ own scale and offset; ``io.gguf.apply_gguf_q4``) and runs them with a 4-bit kern
 (:class:`Int4Linear`): no re-quantization, the weights are the file's; layers stored otherwise in
 the file (SmolLM2's tied embedding/lm_head: Q8_0) take the int8 format.
 
-Why int8: decoding one token streams every weight once, and int8 halves the bytes. Measured
-by ``benchmarks/engine_speed.sh`` (``benchmarks/results/engine/formats.txt``; bf16 activations,
-2 threads, SmolLM2-135M, measured kernel plans): a forward over k tokens with bf16 vs int8
-weights, k=1 (a decode step) 12.3 vs 9.4 ms, k=3 13.9 vs 10.5, k=8 15.7 vs 16.3 (the int8
-kernel's cost grows with the rows, so small verify trees suit it); held-out perplexity 15.923
-vs 16.011 (fp32: 15.932).
-
-Every kernel (``core.kernels``: the int8 kernel, the converted weight with one GEMM or packed
-for oneDNN) computes y = (x @ q^T) * s with the same int8 weights and scales: speculative
-decoding stays lossless relative to the model as loaded, up to the rounding differences of
-multi-token verify (as in bf16).
+More in docs/formats.md.
 """
 
 from __future__ import annotations

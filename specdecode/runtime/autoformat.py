@@ -1,26 +1,9 @@
 """The default format: ``--dtype auto`` and ``--weights auto`` (the defaults of every command but
 ``check``, and of ``RuntimeConfig()``) are decided here and nowhere else.
 
-The rule, from the engine tables in the README (2 threads, SmolLM2-135M Q4_1 GGUF): bf16 compute
-with the GGUF's own 4-bit blocks decodes at 7.2 ms per step against 12.2 ms bf16 native and 18.3
-ms fp32, at +0.18% held-out perplexity. So:
-
-- compute dtype: bfloat16 where the device has fast bf16 (CUDA: ``torch.cuda.is_bf16_supported``;
-  CPU: the ``avx512_bf16`` or ``amx_bf16`` flag on x86, ``bf16`` on Arm, read from
-  ``/proc/cpuinfo``), else float32 (bf16 emulated in fp32 is slower than fp32 itself) -- except
-  where the 4-bit blocks apply (below): they run with bf16 activations, and decoding is bound by
-  the weights' bytes, not the arithmetic. Measured on an AVX2-only AMD EPYC (Zen 3, no bf16
-  instructions, 2 threads, `formats` and `bench` on 13 Spec-Bench prompts x 64 tokens): decode
-  step 42 ms bf16 + q4 against 110 ms fp32 native (103 ms fp32 + q4), baseline 20.2 against 9.2
-  tok/s; its prefill was 1.2-1.7x slower (TTFT of a ~1800-token prompt 3.6 s against 2.1 s), which
-  64 new tokens already paid back. Training, compute-bound, keeps fp32 there (``training.trainer``);
-- weights: a GGUF's own 4-bit blocks (``q4``) when the file has Q4_0/Q4_1 layers, the device is
-  a CPU (the 4-bit kernel is aten's CPU one), there is no tensor parallelism (no 4-bit sharded
-  path) and the dtype is bf16 or not given; else the weights in the compute dtype (``native``).
-
-An explicit ``--weights`` is kept and the dtype chosen around it. An explicit ``--dtype`` keeps
-native weights (``--dtype bfloat16`` means what it always meant: bf16 native; ``--dtype float32``
-the exact reference ``check`` is about); ``--weights q4`` asks for the 4-bit blocks.
+The rule: bf16 compute where the device has fast bf16, and on a CPU the GGUF's own 4-bit blocks
+where the file holds them (decoding is bound by the weights' bytes); native weights otherwise. The
+measurements and every case: docs/defaults.md.
 """
 
 from __future__ import annotations

@@ -6,22 +6,7 @@ freezing, then kept as a package per bucket in ``$SPECDECODE_CACHE/graphs/<weigh
 (``PackageStore``): any later process on this machine loads it in under a second. On CUDA the
 steps go through ``torch.compile`` (CUDA graphs), captured in each process.
 
-``--compile auto`` (the default) builds graphs at first use for the batch job that runs for hours
-(``data build``: ``RuntimeConfig.long_running``). ``generate`` and ``serve`` run the graphs already
-stored for these weights and this machine (``specdecode compile [--serve]`` builds them:
-``precompile``, ``core.batching.BatchEngine.warm``) and every other shape eager; with none stored
-they stay eager: building one costs more than a generation saves, and in a server every running
-request would wait for it. ``serve --compile on`` builds its missing graphs before serving, and none
-after. ``bench`` and ``sweep`` measure what they are told (``--compile on``, or a method's ``compile=on``).
-``on``/``off`` decide. Tensor parallelism stays eager (its all-reduce sits inside every layer).
-
-Why packages: through ``torch.compile`` every process traced each graph again. Measured on a
-2-core AVX2-only EPYC by ad-hoc scripts (bf16 + q4, one decode graph): 202 s cold (profiled) and
-33.6 s from inductor's on-disk cache, which saves only code generation (a profiled warm start spent
-16 s in dynamo's tracing, 14 s in AOT autograd's, 15 s in freezing's passes, 6 s in joint-graph
-passes, 4.6 s loading the cached kernels); AOT autograd's own cache refuses frozen graphs ("Cannot
-cache a graph with freezing enabled"), and freezing is what makes the CPU graph faster than eager.
-The same graph as a package: export 10 s + AOTInductor 75 s once, then loaded in 0.4-1 s.
+More in docs/compiled.md.
 """
 
 from __future__ import annotations

@@ -9,11 +9,8 @@ same with AVX-512 BF16, preferred where loaded: ``core.attention``),
 each its own shared library, so no code compiled for AVX-512 can run on a CPU without it, and
 ``SPECDECODE_NATIVE`` can leave any one out of an A/B.
 
-``load_native()`` registers the ``torch.ops.specdecode`` operators; ``core.quant`` offers their kernels
-to the kernel plan only once they are registered, so a machine that cannot build them (no compiler,
-no AVX2 + FMA) runs as before, and the reason is said once. ``SPECDECODE_NATIVE=0`` turns them off,
-``SPECDECODE_NATIVE=avx2`` loads only the modules named (an A/B against aten's kernels, or AVX2 against
-AVX-512: the kernel plan's key changes with the kernels offered)."""
+More in docs/formats.md.
+"""
 
 from __future__ import annotations
 

@@ -10,16 +10,7 @@ feature of token ``offset + i`` of a sample sits at row ``offset + i``):
 - ``final``: the target's final hidden state after its norm ([H]);
 - ``argmax``: the target's greedy next token (int32; for the accuracy the trainer reports).
 
-The next-token distribution over the draft vocabulary is recomputed from ``final`` with the
-lm_head rows of the draft vocabulary (a [H x Vd] product, cheap next to the target's body):
-storing it would take Vd values per position (16 KB at 8192 in bf16). About 4.6 KB per token
-in bf16: 5.5 GB for the 1.2M tokens of the v3 data set.
-
-The store covers every training sample of the data set (a run with ``--limit-samples`` reads
-its part), so runs on the same data share one store; a file lock makes a second run wait for
-the first one's build instead of writing beside it. Building is resumable: batches are written
-in a fixed order, flushed, and only then counted in ``meta.json``; a store made for other data,
-another target, dtype or taps is refused.
+More in docs/training.md.
 """
 
 from __future__ import annotations
