@@ -9,7 +9,7 @@
 # Every run resumes where it stopped: run the script again after an interruption.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=${DATA:-datasets/smollm2-135m-corpus-v3}
+DATA=${DATA:-data/smollm2-135m-corpus-v3}  # cut from v5: datasets/README.md, "Retired versions"
 OUT=${OUT:-runs/v3-experiments}
 STEPS=${STEPS:-250}
 REF="--draft-vocab-size 8192 --ttt-steps 3 --lr 1e-3"

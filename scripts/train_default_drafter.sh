@@ -27,18 +27,18 @@ scripts/setup.sh
 SD=.venv/bin/specdecode
 case $VERSION in
     v3)
-        # the shipped v3: the first 4224 answers to 6000 drawn prompts (datasets/, committed: the
-        # build is a no-op there), the target's features cached on disk (5.5 GB for the 1.2M tokens)
+        # the shipped v3: the first 4224 answers to 6000 drawn prompts (cut from v5 by step 0 below:
+        # the build is a no-op there), the target's features cached on disk (5.5 GB for the 1.2M tokens)
         # so that epochs after the first skip the target; 8 epochs, the last step shipped
-        : "${DATA:=datasets/smollm2-135m-corpus-v3}" "${SAMPLE:=6000}" "${LIMIT:=4224}"
+        : "${DATA:=data/smollm2-135m-corpus-v3}" "${SAMPLE:=6000}" "${LIMIT:=4224}"
         : "${EPOCHS:=8}" "${PATIENCE:=0}" "${SELECT:=last}" "${EVAL_EVERY:=500}" "${EVAL_SAMPLES:=96}" ;;
     v4)
-        # 16,000 answers weighted toward what users ask (datasets/smollm2-135m-corpus-v4, committed and
-        # complete: the build is a no-op), v3's held-out split kept. The epochs follow the held-out
+        # 16,000 answers weighted toward what users ask (v4's data, cut from v5 by step 0 below:
+        # complete, so the build is a no-op), v3's held-out split kept. The epochs follow the held-out
         # curve: at most EPOCHS, stopped after PATIENCE evaluations without a gain of 0.01 in accept
         # length, the best evaluation shipped. Feature store on CPU: 4.31M training tokens x 4.6 KB =
         # about 20 GB.
-        : "${DATA:=datasets/smollm2-135m-corpus-v4}" "${SAMPLE:=16000}" "${LIMIT:=}"
+        : "${DATA:=data/smollm2-135m-corpus-v4}" "${SAMPLE:=16000}" "${LIMIT:=}"
         : "${CATEGORY_WEIGHTS:=general=2,writing=2,coding=2,roleplay=1.5,math=1.5,math_reasoning=1.5,reasoning=1.5,qa=1.5,extraction=1.5,summarization=1.5,instruction_following=1,humanities=0.75,stem=0.75,rag=0.75,translation=0.5,classification=0.5}"
         : "${EPOCHS:=8}" "${PATIENCE:=3}" "${SELECT:=best}" "${EVAL_SAMPLES:=128}" ;;
     *) echo "unknown version: $VERSION (v3 or v4)" >&2; exit 2 ;;
@@ -54,6 +54,26 @@ else
     : "${WEIGHTS:=native}" "${BATCH_SIZE:=512}" "${BATCH_TOKENS:=16384}" "${FEATURES:=}" "${EVAL_EVERY:=150}"
 fi
 : "${OUT:=runs/drafter-$VERSION-$DEVICE}" "${MAX_NEW_TOKENS:=256}" "${THREADS:=2}"
+
+# 0. v3's and v4's data left the tree as prefixes of v5 (datasets/README.md): cut out again, checked
+RETIRED=datasets/retired/$(basename "$DATA")/prefix.json
+if [ ! -e "$DATA/index.jsonl" ] && [ -f "$RETIRED" ]; then
+    .venv/bin/python - "$RETIRED" "$DATA" <<'EOF'
+import hashlib, json, shutil, sys
+from pathlib import Path
+rec, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+src = Path(rec["prefix_of"])
+out.mkdir(parents=True, exist_ok=True)
+index = b"".join((src / "index.jsonl").read_bytes().splitlines(keepends=True)[:rec["samples"]])
+with open(src / "tokens.bin", "rb") as f:
+    tokens = f.read(rec["token_bytes"])
+for name, data in (("index.jsonl", index), ("tokens.bin", tokens)):
+    assert hashlib.sha256(data).hexdigest() == rec["sha256"][name], f"{src}: not the prefix {sys.argv[1]} records"
+    (out / name).write_bytes(data)
+shutil.copy(Path(sys.argv[1]).parent / "manifest.json", out / "manifest.json")
+print(f"data: {out} cut from {src} ({rec['samples']} samples)", file=sys.stderr)
+EOF
+fi
 
 # 1. training data: the target's greedy answers to prompts drawn per category from the shared corpus.
 # A data set that is complete for this draw is left alone (its weights may be q4, which a GPU lacks).

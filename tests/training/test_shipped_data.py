@@ -39,3 +39,18 @@ def test_shipped_data_set_was_made_by_the_default_model(path):
 
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["model_fingerprint"] == file_fingerprint(default_model_path())
+
+
+@pytest.mark.parametrize("retired", sorted((ROOT / "retired").glob("*/prefix.json")), ids=lambda p: p.parent.name)
+def test_a_retired_data_set_is_a_prefix_of_the_current_one(retired):
+    """v3 and v4 left the tree: each is the first samples of v5, byte for byte (datasets/README.md says how to
+    cut them back out)."""
+    import hashlib
+
+    rec = json.loads(retired.read_text())
+    current = ROOT.parent / rec["prefix_of"]
+    index = b"".join((current / "index.jsonl").read_bytes().splitlines(keepends=True)[:rec["samples"]])
+    with open(current / "tokens.bin", "rb") as f:
+        tokens = f.read(rec["token_bytes"])
+    assert hashlib.sha256(index).hexdigest() == rec["sha256"]["index.jsonl"]
+    assert hashlib.sha256(tokens).hexdigest() == rec["sha256"]["tokens.bin"]
