@@ -63,6 +63,12 @@ def run(args: argparse.Namespace) -> int:
                   markup=False, highlight=False)
         if session.compiled is not None:
             err.print(f"compiled steps: {session.compile_reason}", markup=False, highlight=False)
+        elif args.compile == "auto" and session.device.type == "cpu":  # the first run: say how to get the fast one
+            err.print("note: the steps run eager: no compiled steps are stored for this model on this machine. "
+                      "`specdecode compile --compile-max-len 512` and `... --no-spec` store them once (about 6 minutes "
+                      "on 2 cores); later runs load them in seconds and decode faster (benchmarks/results/"
+                      "q4-speculation/: eager EAGLE-3 at 0.60x of compiled plain decoding)", style="yellow",
+                      markup=False, highlight=False, soft_wrap=True)
     decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
     if decoder.choice is not None and not args.json:
         err.print(decoder.choice.summary(), markup=False, highlight=False)

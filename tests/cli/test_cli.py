@@ -105,6 +105,17 @@ def test_generate_with_random_drafter_json_has_spec_fields():
     assert "EAGLE3 profile" in out.stderr and "Target verify" in out.stderr
 
 
+def test_a_run_without_stored_graphs_says_how_to_store_them(monkeypatch, capsys):
+    """A new user got eager steps and was never told that `specdecode compile` exists."""
+    from specdecode.cli.main import main
+    from specdecode.runtime.compiling import PackageStore
+
+    monkeypatch.setattr(PackageStore, "count", lambda self, model: 0)  # this machine has stored none
+    assert main(["generate", "Hi", "--no-spec", "--max-new-tokens", "2"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the steps run eager" in err and "specdecode compile --compile-max-len 512" in err
+
+
 def test_profile_of_a_plain_run_says_why_it_has_no_table():
     """The quick start decodes plain where auto predicts no shape pays: --profile printed nothing then."""
     out = specdecode("generate", "Hi", "--no-spec", "--profile", "--max-new-tokens", "4")
