@@ -79,3 +79,12 @@ def test_module_docstrings_stay_short():
         if doc and len(doc.splitlines()) > 15:
             long.append(f"{path.relative_to(ROOT)}: {len(doc.splitlines())} lines")
     assert not long, long
+
+
+def test_benchmark_suites_parse_and_the_index_is_fresh():
+    """Suites are data checked against the CLI they call; benchmarks/README.md indexes every result folder."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--check"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    top = [p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")]
+    assert top == ["run.py"], top  # the runner; the rest are suites, tools/ or archive/

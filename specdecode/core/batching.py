@@ -75,7 +75,7 @@ class BatchConfig:
     spec_policy: SpecPolicyName = "auto"
     # Every step runs all the pool's rows (padding rows write a scratch slot), so a request's tokens do
     # not depend on what else is batched, in any dtype; the policy must then be one mode for every batch
-    # size ('always' or 'never'). Measured cost: benchmarks/reproducibility.py.
+    # size ('always' or 'never'). Measured cost: benchmarks/tools/reproducibility.py.
     batch_invariant: bool = False
     # Prompt tokens whose keys and values are kept for later prompts that start the same way
     # (``core.prefixcache``); None: half the pool's tokens (slots x slot tokens: a slot holds a prompt and

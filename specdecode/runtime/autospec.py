@@ -198,7 +198,7 @@ def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
     # compiled, every other bucket eager, as it would in the run (``stored_only``); nothing compiles
     # now (each candidate's verify and draft sizes would first build their own graphs, minutes each on
     # a small CPU). Eager costs alone chose wrong beside stored graphs: on the Zen4 EPYC (bf16 + q4,
-    # benchmarks/compiled_vs_llamacpp.sh) auto predicted 1.11x for 2/1/3 from eager costs and it ran
+    # benchmarks/archive/compiled_vs_llamacpp.sh) auto predicted 1.11x for 2/1/3 from eager costs and it ran
     # at 0.87x the compiled plain decoding.
     with use_steps((session.loaded.model, drafter), stored_only(session.loaded.model.steps)):
         costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
