@@ -117,7 +117,7 @@ class TrainConfig:
             raise ValueError(f"skip_samples={self.skip_samples}, limit_samples={self.limit_samples}: give numbers of "
                              f"samples >= 0")
         at_least_one = ("draft_vocab_size", "ttt_steps", "batch_tokens", "eval_every", "save_every", "eval_samples")
-        positive = ("lr", "epochs", "grad_clip", "step_weight")
+        positive = ("epochs", "grad_clip", "step_weight")  # lr 0 is allowed: a run that only evaluates
         for name in at_least_one + positive + ("max_steps",):
             value = getattr(self, name)
             if value is not None and (value < 1 if name in at_least_one or name == "max_steps" else value <= 0):
@@ -125,7 +125,7 @@ class TrainConfig:
                                  f"(--{name.replace('_', '-')})")
         if self.max_len < 2:
             raise ValueError(f"max_len={self.max_len}: a sample needs at least 2 tokens (--max-len)")
-        for name in ("warmup_ratio", "min_lr_ratio", "weight_decay", "feature_noise"):
+        for name in ("lr", "warmup_ratio", "min_lr_ratio", "weight_decay", "feature_noise"):
             value = getattr(self, name)
             if value < 0 or (name.endswith("ratio") and value > 1):
                 raise ValueError(f"{name}={value}: it must be >= 0{' and <= 1' if name.endswith('ratio') else ''} "

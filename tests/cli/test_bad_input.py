@@ -30,7 +30,7 @@ BAD = [
     (["check", "--tolerance", "-1"], "--tolerance: must be 0 or more"),
     (["check", "--per-category", "0"], "--per-category: must be at least 1"),
     (["train", "--data", "/nonexistent", "--out", "OUT"], "build the data set with `specdecode data build`"),
-    (["train", "--data", "DATA", "--out", "OUT", "--lr", "-1"], "lr=-1.0: it must be above 0 (--lr)"),
+    (["train", "--data", "DATA", "--out", "OUT", "--lr", "-1"], "lr=-1.0: it must be >= 0 (--lr)"),
     (["train", "--data", "DATA", "--out", "OUT", "--warmup-ratio", "2"], "warmup_ratio=2.0"),
     (["export", "--format", "vllm", "--out", "OUT", "--drafter", "/nonexistent"], "drafter directory not found"),
     (["data", "build", "--prompts", "/nonexistent.jsonl", "--out", "OUT"], "/nonexistent.jsonl"),
