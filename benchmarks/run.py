@@ -8,8 +8,9 @@
 A suite: {"question": ..., "steps": [{"name": ..., "run": [specdecode args], "out": true, "requires": module,
 "serve": [specdecode serve args]}]}. Placeholders: {spec_bench} ($SPEC_BENCH: Spec-Bench's question.jsonl),
 {passages} ($PASSAGES), {threads} ($THREADS, 2), {out} (the result folder), {port} (a free port). "out" adds
-`--out {out}/NAME.json`; "requires" skips the step where a Python module is missing; "serve" starts that server
-first and stops it after. Steps run one after another: never two benchmarks at once.
+`--out {out}/raw/NAME.json`; "requires" skips the step where a Python module is missing; "serve" starts that server
+first and stops it after. Steps run one after another: never two benchmarks at once. A result folder keeps its
+README and results.json (every step's JSON under its name); raw/ (stdout, server logs) is not tracked.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def values(out: Path, port: int = 0) -> dict[str, str]:
 def command(step: dict, key: str, fill: dict[str, str]) -> list[str]:
     args = [arg.format(**fill) for arg in step[key]]
     if key == "run" and step.get("out"):
-        args += ["--out", f"{fill['out']}/{step['name']}.json"]
+        args += ["--out", f"{fill['out']}/raw/{step['name']}.json"]
     return [sys.executable, "-m", "specdecode", *args]
 
 
@@ -108,8 +109,9 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
                          + " and ".join(f"${k.upper()}" for k in missing) + " (SPEC_BENCH: Spec-Bench's "
                          "question.jsonl, github.com/hemingkx/Spec-Bench, data/spec_bench/)")
     ran: list[tuple[str, str]] = []
+    raw = out / "raw"
     if not dry_run:
-        out.mkdir(parents=True, exist_ok=True)
+        raw.mkdir(parents=True, exist_ok=True)
     for step in suite["steps"]:
         if step.get("requires") and importlib.util.find_spec(step["requires"]) is None:
             print(f"# {step['name']}: skipped, no {step['requires']} module", file=sys.stderr)
@@ -125,7 +127,7 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
             continue
         server = None
         if step.get("serve"):
-            log = open(out / f"{step['name']}-server.log", "w")  # noqa: SIM115 (closed below)
+            log = open(raw / f"{step['name']}-server.log", "w")  # noqa: SIM115 (closed below)
             server = subprocess.Popen(command(step, "serve", fill), stdout=log, stderr=subprocess.STDOUT)
             wait_healthy(port, server)
         try:
@@ -135,11 +137,15 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
                 server.terminate()
                 server.wait(60)
                 log.close()
-        (out / f"{step['name']}.txt").write_text(f"$ {shown}\n{proc.stdout}{proc.stderr}")
+        (raw / f"{step['name']}.txt").write_text(f"$ {shown}\n{proc.stdout}{proc.stderr}")
         if proc.returncode:
-            raise SystemExit(f"run.py: step {step['name']} failed ({proc.returncode}); see {out / step['name']}.txt")
+            raise SystemExit(f"run.py: step {step['name']} failed ({proc.returncode}); see {raw / step['name']}.txt")
         ran.append((shown, proc.stdout.strip()))
     if not dry_run:
+        files = {p.name: json.loads(p.read_text()) for p in sorted(raw.glob("*.json"))}
+        (out / "results.json").write_text(json.dumps({"about": f"Every step's JSON of suite {suite['name']}, under "
+                                                               "its file name; the README has the commands.",
+                                                      "files": files}, indent=1) + "\n")
         write_readme(suite, out, ran, fill["threads"])
         print(f"results: {out.relative_to(ROOT)} (write its verdict in README.md, then: python benchmarks/run.py "
               f"--index)", file=sys.stderr)
@@ -202,6 +208,22 @@ def render_index() -> str:
     return "\n".join(rows) + "\n"
 
 
+FILE_BUDGET = 150  # files under benchmarks/: a result folder keeps its README and a summary, not raw runs
+RAW = (".log", ".png", ".patch", ".pt", ".db")  # raw output stays out of the tree
+
+
+def budget() -> list[str]:
+    files = [p for p in ROOT.joinpath("benchmarks").rglob("*")
+             if p.is_file() and not {"__pycache__", "raw"} & set(p.parts)]
+    problems = []
+    if len(files) > FILE_BUDGET:
+        problems.append(f"benchmarks/ holds {len(files)} files (budget {FILE_BUDGET}): merge a result folder's "
+                        "measurement files into its results.json and drop raw runs (they stay in git history)")
+    problems += [f"{p.relative_to(ROOT)}: raw output ({p.suffix}) does not belong in the tree; keep the figures in "
+                 "the folder's README or results.json" for p in files if p.suffix in RAW and RESULTS in p.parents]
+    return problems
+
+
 def check() -> int:
     from specdecode.cli.main import build_parser
 
@@ -219,6 +241,7 @@ def check() -> int:
                     except SystemExit:
                         problems.append(f"{path.name}: step {step['name']}: `specdecode {shlex.join(args)}` "
                                         f"does not parse")
+    problems += budget()
     if INDEX.read_text() != render_index():
         problems.append("benchmarks/README.md is stale: python benchmarks/run.py --index")
     for p in problems:

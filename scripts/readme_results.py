@@ -1,4 +1,5 @@
-"""Render the README's results table from the result files named in benchmarks/readme-results.json, between
+"""Render the README's results table from the result files named in benchmarks/readme-results.json ("file", and
+"entry" for one file inside a folder's results.json), between
 the README's `<!-- results -->` markers. `--check`: exit 1 (and say so) when the README's table is stale."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def render(spec_path: Path = ROOT / "benchmarks" / "readme-results.json") -> str
     for entry in spec["rows"]:
         path = ROOT / entry["file"]
         run = json.loads(path.read_text())
+        if "entry" in entry:  # one step's JSON inside a result folder's results.json
+            run = run["files"][entry["entry"]]
         fp = run["fingerprint"]
         by_method = {r["method"]: r for r in run["summary"]}
         where = f"[{path.parent.name}]({path.parent.relative_to(ROOT).as_posix()}/)"

@@ -88,3 +88,34 @@ def test_benchmark_suites_parse_and_the_index_is_fresh():
     assert out.returncode == 0, out.stderr
     top = [p.name for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")]
     assert top == ["run.py"], top  # the runner; the rest are suites, tools/ or archive/
+
+
+def _expand(path: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    return [p for alt in match.group(1).split(",") for p in _expand(path[:match.start()] + alt + path[match.end():])]
+
+
+def test_every_cited_result_path_exists():
+    """Prose cites result folders (or files in them); a folder that is pruned or renamed must not leave a dangling
+    citation behind."""
+    texts = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "scripts").glob("*.py"), *(ROOT / "specdecode").rglob("*.py"),
+             *(ROOT / "specdecode").rglob("*.md")]
+    missing = []
+    for path in texts:
+        for cited in re.findall(r"benchmarks/results/[A-Za-z0-9_.,{}*+/-]+", path.read_text()):
+            for one in _expand(cited.rstrip(".,:;")):
+                if not list(ROOT.glob(one.rstrip("/"))):
+                    missing.append(f"{path.relative_to(ROOT)}: {one}")
+    assert not missing, missing
+
+
+def test_the_benchmark_file_budget_fails_when_exceeded():
+    import runpy
+
+    run = runpy.run_path(str(ROOT / "benchmarks" / "run.py"))
+    assert run["budget"]() == []
+    run["budget"].__globals__["FILE_BUDGET"] = 10
+    assert any("budget 10" in problem for problem in run["budget"]())

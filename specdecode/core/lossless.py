@@ -22,7 +22,7 @@ from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
 DEFAULT_TOLERANCE = 1e-3  # fp32: a larger top-2 gap at a divergence is a bug, not rounding
 # The largest top-2 logit gap at which a divergence counts as rounding, per dtype. bf16: 0.5,
-# from a measurement (benchmarks/results/check-default-bf16.json: the shipped drafter, 1 step,
+# from a measurement (benchmarks/results/early/: the shipped drafter, 1 step,
 # top-2, on 78 Spec-Bench prompts x 64 tokens): 40 runs diverged, every one at a gap of at most
 # 0.25, two bf16 rounding steps at logits of 16-32; 0.5 leaves twice that.
 TOLERANCES = {torch.float64: DEFAULT_TOLERANCE, torch.float32: DEFAULT_TOLERANCE, torch.bfloat16: 0.5}
