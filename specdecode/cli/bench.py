@@ -222,7 +222,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
     _stdout_console().print(table)
     console.print(f"same output: prompts whose greedy tokens equal the first row's ({rows[0]['policy']}, "
                   f"concurrency {rows[0]['concurrency']}); in float32 every row must be n/n, in bfloat16 near-ties "
-                  "can flip (README: \"What lossless guarantees\"); step ms: a decode step (every row of the batch), "
+                  "can flip (docs/reproducibility.md); step ms: a decode step (every row of the batch), "
                   "prefill %: the share of the run spent on prompt chunks between steps")
     fingerprint = run_fingerprint(session, [decoder.drafter_path] if decoder.drafter_path else [])
     save_and_report(Run(new_run_id(), "bench-batched", now(), fingerprint, rows, [],

@@ -40,8 +40,8 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                    help=f"float32 | bfloat16 | float16 | float64 | auto (default: {default_dtype}{dtype_note}). "
                         f"{AUTO_FORMAT_HELP}. "
                         "Greedy speculative output equals the greedy baseline token for token in float32 only; "
-                        "in bfloat16 near-ties (top-2 logit gap <= 0.25) can flip (README: \"What lossless "
-                        "guarantees\")")
+                        "in bfloat16 near-ties (top-2 logit gap <= 0.25) can flip "
+                        "(docs/reproducibility.md)")
     g.add_argument("--weights", default="auto", choices=(*WEIGHT_FORMATS, "auto"),
                    help="weight format: native (weights in --dtype), int8 (weight-only int8, one scale per output "
                         "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16), q4 (a GGUF's own 4-bit "

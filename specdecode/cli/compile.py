@@ -36,7 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the graphs `specdecode serve` with these flags runs (continuous batching), not generate's")
     p.add_argument("--prune", action="store_true",
                    help="instead of compiling: remove the stored graphs of older step code (each directory's "
-                        "identity.json says which code built it; no process of this code can load them), then exit")
+                        "identity.json says which code built it; no process of this code can load them), then the "
+                        "least recently used directories while the store is over its cap ($SPECDECODE_GRAPH_CACHE_GB, "
+                        "default 20; also applied after each build), then exit")
     p.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
     add_batch_args(p.add_argument_group("serve (with --serve)"))
     add_model_args(p)
@@ -114,8 +116,11 @@ def prune(dry_run: bool, err: Console) -> int:
     def total(found: list[tuple[Path, int]]) -> str:
         return f"{len(found)} ({sum(size for _, size in found) / 1e9:.2f} GB)"
 
-    err.print(f"{verb} {total(report.removed)} graph directories in {store.root}; kept {total(report.kept)} of this "
-              f"code", markup=False, highlight=False)
+    for where, size in report.over_cap:
+        err.print(f"{verb} {where} ({size / 1e9:.2f} GB): least recently used, over the cap of "
+                  f"{store.max_bytes / 1e9:.1f} GB", markup=False, highlight=False)
+    err.print(f"{verb} {total(report.removed + report.over_cap)} graph directories in {store.root}; kept "
+              f"{total(report.kept)} of this code", markup=False, highlight=False)
     if report.unrecorded:
         err.print(f"{total(report.unrecorded)} without a record (stored before records were kept; a directory gets "
                   f"one when this code loads it) left: delete them by hand if no model still uses them: "

@@ -84,7 +84,7 @@ def add_batch_args(g: argparse._ActionsContainer) -> None:
     g.add_argument("--batch-invariant", action="store_true",
                    help="every step runs all --max-running-requests rows, so a request's tokens do not depend on "
                         "what else is batched, in bf16 too (without it, bf16 answers can change with the batch's "
-                        "company: README 'The same request, the same answer'); one way at every batch size: "
+                        "company: docs/reproducibility.md); one way at every batch size: "
                         "--spec-policy never (the default here: faster in this mode) or always. Cost: a request "
                         "alone pays for the full batch (bf16 + q4, 4 slots: 0.76x alone, 0.95x at 4)")
 

@@ -147,7 +147,7 @@ class QuantizedDispatch(KernelDispatch):
     folded; 16 rows 37.8 against 44.8 folded (eager 39-41). From 32 rows folding wins: 32 rows 80.5 ms
     folded against 1.18x eager's time unfolded (eager 64-76 ms, the machine drifting), 128 rows 180 folded
     against 284 unfolded (eager 186-190): data build's 128-row steps had run 1.5x slower compiled than
-    eager (ad hoc, session 17; README "Compiled steps")."""
+    eager (ad hoc, session 17; docs/compiled.md)."""
 
     rows_op: str = ""  # the row-invariant family's operator for this kind of layer (ROWS_Q4, ROWS_I8)
     rows_packed: Tensor  # the layer's weights in that operator's layout (pack_q4_rows, pack_i8_rows), or empty

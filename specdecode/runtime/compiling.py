@@ -205,6 +205,7 @@ class PackageStore:
 
     root: Path = field(default_factory=lambda: cache_root() / "graphs")
     log: Callable[[str], None] | None = None
+    max_bytes: int = field(default_factory=lambda: graph_cache_cap())  # least recently used directories go beyond it
     _ids: weakref.WeakKeyDictionary[nn.Module, str] = field(default_factory=weakref.WeakKeyDictionary)
 
     def identity(self, module: nn.Module) -> str:
@@ -233,6 +234,7 @@ class PackageStore:
         try:
             graph = LoadedGraph(path)
             _record(path.parent)  # a directory stored before records: this code uses it, so it is current
+            _used(path.parent)
             return graph
         except (RuntimeError, OSError, ValueError) as e:
             damaged = not _whole_zip(path)  # cut short or corrupt: removed, built again when building
@@ -263,7 +265,33 @@ class PackageStore:
             finally:
                 tmp.unlink(missing_ok=True)
         _record(path.parent)
+        _used(path.parent)
+        for where, size in self.trim(keep=path.parent):
+            if self.log is not None:
+                self.log(f"graph store over its cap ({self.max_bytes / 1e9:.1f} GB, ${CAP_ENV}): removed the least "
+                         f"recently used {where} ({size / 1e9:.2f} GB)")
         return LoadedGraph(path)
+
+    def trim(self, keep: Path | None = None, dry_run: bool = False,
+             gone: frozenset[Path] = frozenset()) -> list[tuple[Path, int]]:
+        """Remove whole weight directories, least recently used first (their record's time, set at each load
+        and build), until the store holds at most ``max_bytes``; never ``keep`` (the one in use). ``gone``:
+        directories a dry run counts as removed already."""
+        if not self.root.is_dir():
+            return []
+        dirs = [(_last_use(w), w, _size(w)) for w in self.root.iterdir() if w.is_dir() and w not in gone]
+        total = sum(size for _, _, size in dirs)
+        removed = []
+        for _, where, size in sorted(dirs, key=lambda d: d[0]):
+            if total <= self.max_bytes:
+                break
+            if keep is not None and where.resolve() == keep.resolve():
+                continue
+            removed.append((where, size))
+            total -= size
+            if not dry_run:
+                shutil.rmtree(where, ignore_errors=True)
+        return removed
 
     def prune(self, dry_run: bool = False) -> PruneReport:
         """Remove the graph directories of other step code or package versions (their record says so):
@@ -273,7 +301,7 @@ class PackageStore:
         if not self.root.is_dir():
             return report
         for where in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
+            size = _size(where)
             try:
                 record = json.loads((where / RECORD).read_text())
             except FileNotFoundError:
@@ -287,10 +315,45 @@ class PackageStore:
             report.removed.append((where, size))
             if not dry_run:
                 shutil.rmtree(where, ignore_errors=True)
+        for where, size in self.trim(dry_run=dry_run, gone=frozenset(w for w, _ in report.removed)):
+            report.kept = [k for k in report.kept if k[0] != where]
+            report.unrecorded = [k for k in report.unrecorded if k[0] != where]
+            report.over_cap.append((where, size))
         return report
 
 
-RECORD = "identity.json"  # in each graph directory: the step code and package version its graphs were built by
+RECORD = "identity.json"
+CAP_ENV = "SPECDECODE_GRAPH_CACHE_GB"
+DEFAULT_GRAPH_CACHE_GB = 20.0  # serve's full set with every span is about 7 GB today (docs/compiled.md)
+
+
+def graph_cache_cap() -> int:
+    """The graph store's cap in bytes: $SPECDECODE_GRAPH_CACHE_GB, else DEFAULT_GRAPH_CACHE_GB."""
+    raw = os.environ.get(CAP_ENV, "")
+    try:
+        gb = float(raw) if raw else DEFAULT_GRAPH_CACHE_GB
+    except ValueError:
+        raise ValueError(f"${CAP_ENV}={raw!r} is not a number of GB: set it like {CAP_ENV}=20") from None
+    if gb <= 0:
+        raise ValueError(f"${CAP_ENV}={raw!r} must be positive (GB): unset it for {DEFAULT_GRAPH_CACHE_GB:g} GB")
+    return int(gb * 1e9)
+
+
+def _size(where: Path) -> int:
+    return sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
+
+
+def _used(where: Path) -> None:
+    """Mark ``where`` as used now (its record's time), for ``PackageStore.trim``."""
+    with contextlib.suppress(OSError):
+        os.utime(where / RECORD)
+
+
+def _last_use(where: Path) -> float:
+    for path in (where / RECORD, where):
+        with contextlib.suppress(OSError):
+            return path.stat().st_mtime
+    return 0.0  # in each graph directory: the step code and package version its graphs were built by
 
 
 @dataclass
@@ -298,6 +361,7 @@ class PruneReport:
     removed: list[tuple[Path, int]] = field(default_factory=list)  # (directory, bytes)
     kept: list[tuple[Path, int]] = field(default_factory=list)
     unrecorded: list[tuple[Path, int]] = field(default_factory=list)
+    over_cap: list[tuple[Path, int]] = field(default_factory=list)  # least recently used, beyond the cap
 
 
 def _record(where: Path) -> None:

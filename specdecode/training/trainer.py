@@ -51,7 +51,7 @@ class TrainConfig:
     data: str
     out: str
     model: str | None = None
-    # The defaults are the recipe that trained the shipped drafter from scratch (its v3; README "Train a drafter")
+    # The defaults are the recipe that trained the shipped drafter from scratch (its v3; docs/training.md)
     draft_vocab_size: int = 8192
     ttt_steps: int = 3
     step_weight: float = 0.8

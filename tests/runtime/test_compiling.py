@@ -269,3 +269,34 @@ def test_prune_removes_the_graphs_of_other_code_only(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert not old.exists() and current.exists() and unknown.exists()
     assert "removed 1 (0.00 GB) graph directories" in err and "1 (0.00 GB) without a record" in err
+
+
+def test_the_graph_store_stays_under_its_cap_least_recently_used_first(tmp_path, capsys, monkeypatch):
+    """A cap ($SPECDECODE_GRAPH_CACHE_GB) keeps the store bounded: whole weight directories go, least recently
+    used first (a load or build marks its directory used), never the one in use; `compile --prune` applies it."""
+    import os
+
+    from specdecode.runtime.compiling import PACKAGE_VERSION, RECORD
+
+    def graph_dir(name: str, used: float) -> Path:
+        where = tmp_path / "graphs" / name
+        where.mkdir(parents=True)
+        (where / "target-r1.pt2").write_bytes(b"x" * 4000)
+        (where / RECORD).write_text(json.dumps({"code": code_identity(), "package_version": PACKAGE_VERSION}))
+        os.utime(where / RECORD, (used, used))
+        return where
+
+    old, middle, new = graph_dir("a", 1000.0), graph_dir("b", 2000.0), graph_dir("c", 3000.0)
+    store = PackageStore(tmp_path / "graphs", max_bytes=9000)
+    assert [w for w, _ in store.trim(dry_run=True)] == [old] and old.exists()
+    assert [w for w, _ in store.trim(keep=old)] == [middle]  # the directory in use stays, however old
+    assert old.exists() and not middle.exists() and new.exists()
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECDECODE_GRAPH_CACHE_GB", "0.000005")  # 5000 bytes: room for one directory
+    assert main(["compile", "--prune"]) == 0
+    err = capsys.readouterr().err
+    assert not old.exists() and new.exists()
+    assert "least recently used, over the cap" in err
+    monkeypatch.setenv("SPECDECODE_GRAPH_CACHE_GB", "lots")
+    with pytest.raises(ValueError, match="SPECDECODE_GRAPH_CACHE_GB"):
+        PackageStore(tmp_path / "graphs")
