@@ -46,7 +46,8 @@ def add_model_args(p: argparse.ArgumentParser, default_dtype: str = "auto", dtyp
                    help="weight format: native (weights in --dtype), int8 (weight-only int8, one scale per output "
                         "channel, computing in --dtype; torchao's int8wo, vLLM's W8A16), q4 (a GGUF's own 4-bit "
                         "blocks run by a 4-bit kernel, no re-quantization; other layers int8) or auto (see --dtype). "
-                        "Speed and held-out perplexity of each: benchmarks/archive/engine_speed.sh. Default: auto")
+                        "Speed and held-out perplexity of each: `specdecode formats`, or the engine suite "
+                        "(benchmarks/suites/engine.json). Default: auto")
     g.add_argument("--kernels", default="auto", choices=KERNEL_MODES,
                    help="linear-layer kernels: auto (each weight shape and row count gets the fastest kernel "
                         "measured on this machine, once, cached in $SPECDECODE_CACHE/kernels; recorded in results) "

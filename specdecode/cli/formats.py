@@ -19,8 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "target forward over k tokens (k=1: a decode step; the verify-cost curve), held-out "
                                    "perplexity and top-1 agreement on --passages, greedy agreement on --prompts.")
     p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                   help="comma-separated dtype:weights[:kernels] (weights: native | int8; kernels: auto | static, "
-                        f"as --kernels; default {','.join(DEFAULT_FORMATS)})")
+                   help="comma-separated dtype:weights[:kernels[:activations]] (weights: native | int8 | q4; "
+                        "kernels: auto | static, as --kernels; activations as --activations; "
+                        f"default {','.join(DEFAULT_FORMATS)})")
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: as generate)")
     p.add_argument("--passages", default=None,

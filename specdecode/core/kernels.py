@@ -6,7 +6,7 @@ wins at every shape and row count (bf16 `F.linear` against oneDNN with the weigh
 weights at the row counts of ``ROW_BUCKETS``, once, and ``apply_kernels`` installs the choice
 (``runtime.kernels`` caches it on disk). Every kernel of a layer computes the same formula.
 
-The measurements behind this, per kernel and shape: docs/formats.md.
+The measurements behind this, per kernel and shape: docs/LOG.md.
 """
 
 from __future__ import annotations
