@@ -159,9 +159,14 @@ def write_readme(suite: dict, out: Path, ran: list[tuple[str, str]], threads: st
             f"- Commit: {git('rev-parse', '--short', 'HEAD')}{dirty}; date: {datetime.date.today().isoformat()}",
             f"- Machine: {machine(threads)}", "", "## Commands and summaries", ""]
     for shown, stdout in ran:
-        text += ["```", f"$ {shown}", *stdout.splitlines()[-40:], "```", ""]
-    text += ["## Verdict", "", "To be written by whoever ran it: what the figures answer.", ""]
+        lines = stdout.splitlines()  # the overall table comes first (bench: then per category); raw/ has all
+        text += ["```", f"$ {shown}", *lines[:45], *(["... (the rest in raw/, untracked)"] if len(lines) > 45 else []),
+                 "```", ""]
+    text += ["## Verdict", "", f"{UNWRITTEN}: what the figures answer.", ""]
     (out / "README.md").write_text("\n".join(text))
+
+
+UNWRITTEN = "To be written by whoever ran it"  # run.py --check fails while a folder's verdict says this
 
 
 def folder_entry(folder: Path) -> tuple[str, str]:
@@ -242,6 +247,11 @@ def check() -> int:
                         problems.append(f"{path.name}: step {step['name']}: `specdecode {shlex.join(args)}` "
                                         f"does not parse")
     problems += budget()
+    for folder in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        verdict = folder_entry(folder)[1]
+        if not verdict or verdict.startswith(UNWRITTEN):
+            problems.append(f"{folder.relative_to(ROOT)}/README.md has no verdict: write what the figures answer "
+                            "under '## Verdict'")
     if INDEX.read_text() != render_index():
         problems.append("benchmarks/README.md is stale: python benchmarks/run.py --index")
     for p in problems:

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specdecode.bench.fingerprint import capture, diff, performance_relevant
-from specdecode.bench.methods import BaselineMethod, Method, build_method, check_method, split_methods
+from specdecode.bench.methods import BaselineMethod, build_method, check_method, split_methods
+from specdecode.bench.output import Method
 from specdecode.bench.profiles import load_profile
 from specdecode.bench.stats import geomean_ci
 from specdecode.bench.store import ResultsStore, load_run

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from specdecode.bench.methods import RunOutput
+from specdecode.bench.output import RunOutput
 
 SPEC_KEYS = ("spec", "n_max", "drafter", "server")
 STARTUP_S = 120.0

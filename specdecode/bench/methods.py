@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from specdecode.bench.llamaserver import build_llamaserver
+from specdecode.bench.output import Method, RunOutput
 from specdecode.core.compiled import CompiledSteps, use_steps
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
@@ -29,7 +30,6 @@ from specdecode.core.model import StepRunner
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.autospec import SPEC_MODES, SpecChoice
-from specdecode.runtime.compiling import compiled_steps
 from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.device import synchronize
 from specdecode.runtime.session import Session
@@ -55,25 +55,6 @@ def methods_help() -> str:
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
 EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "compile")
-
-
-@dataclass
-class RunOutput:
-    token_ids: list[int] | None  # None: not known (a server that sends only text)
-    elapsed_s: float
-    ttft_s: float
-    stats: dict = field(default_factory=dict)
-    num_tokens: int | None = None  # when token_ids is None: the count the server reported
-
-    @property
-    def count(self) -> int:
-        return max(len(self.token_ids) if self.token_ids is not None else self.num_tokens or 0, 1)
-
-
-class Method(Protocol):
-    name: str
-
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput: ...
 
 
 class BaselineMethod:
@@ -310,7 +291,7 @@ def _method_steps(spec: str, params: dict[str, str], session: Session) -> StepRu
         return None
     if session.world_size > 1:
         raise ValueError(f"method {spec!r}: compiled steps do not run under tensor parallelism")
-    return compiled_steps(session)
+    return session.building_steps()
 
 
 METHOD_NAMES = tuple(grammar.split("[")[0].split(":")[0] for grammar, _ in METHODS)
@@ -352,8 +333,6 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
         return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice, steps)
     if name == "llamaserver":
-        from specdecode.bench.llamaserver import build_llamaserver
-
         return build_llamaserver(spec, params, session.loaded.source, session.threads, drafter_path,
                                  session.loaded.tokenizer.eos_token_ids)
     if name == "served":

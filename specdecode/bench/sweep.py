@@ -22,7 +22,8 @@ from specdecode.bench.harness import (
     run_interleaved,
     summarize,
 )
-from specdecode.bench.methods import BaselineMethod, Method, build_method, eagle3_method
+from specdecode.bench.methods import BaselineMethod, build_method, eagle3_method
+from specdecode.bench.output import Method
 from specdecode.bench.plots import sweep_plots
 from specdecode.bench.store import Run, new_run_id, now
 from specdecode.core.speculative import default_draft_tokens, max_draft_tokens

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
         steps.on_compile = on_compile
         if batch is not None:
-            done = precompile_pool(session, decoder.decode, batch, args.max_len, on_size)
+            done = precompile_pool(session.compiled, session.loaded, decoder.decode, batch, args.max_len, on_size)
         else:
             drafter = getattr(decoder.decode, "drafter", None)
             done = precompile(session.loaded.model, steps, drafter, decoder.config, args.max_len, on_size)

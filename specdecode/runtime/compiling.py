@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -45,11 +45,9 @@ from specdecode.core.compiled import (
 from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
 from specdecode.core.speculative import SpecConfig
+from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import cache_root
 from specdecode.runtime.kernels import machine_key
-
-if TYPE_CHECKING:
-    from specdecode.runtime.session import Session
 
 
 def resolve_compile(mode: str, long_running: bool, world_size: int) -> tuple[bool, str]:
@@ -443,21 +441,20 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
     return _precompiled(steps, (model, drafter), built0, loaded0, sizes)
 
 
-def precompile_pool(session: Session, decode: Any, batch: BatchConfig, max_len: int,
+def precompile_pool(steps: CompiledSteps | None, loaded: LoadedModel, decode: Any, batch: BatchConfig, max_len: int,
                     on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) the graphs ``serve`` runs with ``decode`` and ``batch``
-    (``BatchEngine.warm``): every batch size bucket up to the slots, attention spans up to
-    ``max_len``. ``on_size(i, n)`` hears progress by span."""
-    steps = session.compiled
+    (``BatchEngine.warm``) with ``steps`` (a session's): every batch size bucket up to the slots,
+    attention spans up to ``max_len``. ``on_size(i, n)`` hears progress by span."""
     if steps is None:
         raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
     built0, loaded0 = _check_builds(steps)
     if not isinstance(decode, BatchableDecoder):
         raise ValueError("this decoder is served one request at a time, not in a batch: `specdecode compile` "
                          "without --serve builds its graphs")
-    model = session.loaded.model
+    model = loaded.model
     with use_steps((model, decode.drafter), steps):  # installed for this call (the session's already are)
-        engine = BatchEngine(model, session.loaded.tokenizer, decode.drafter, decode.spec, batch)
+        engine = BatchEngine(model, loaded.tokenizer, decode.drafter, decode.spec, batch)
         engine.warm(max_len, on_size)
         sizes = span_buckets(max_len, engine.tpool.max_len)
     return _precompiled(steps, (model, decode.drafter), built0, loaded0, sizes)
@@ -475,13 +472,3 @@ def _precompiled(steps: CompiledSteps, modules: tuple[Any, ...], built0: int, lo
     dirs = sorted({store.root / store.identity(m) for m in modules if m is not None})
     disk = sum(f.stat().st_size for d in dirs if d.is_dir() for f in d.glob("*.pt2"))
     return Precompiled(steps.compiled[built0:], len(steps.loaded) - loaded0, sizes, dirs, disk)
-
-
-def compiled_steps(session: Session) -> CompiledSteps:
-    """The session's compiled steps, made (not installed) when it runs eager: a bench method with
-    ``compile=on`` beside an eager one, in one run."""
-    if session.compiled is None or not session.compiled.build:
-        inductor_cache_dir()
-        session.compiled = CompiledSteps(session.device.type, on_compile=session.on_compile,
-                                         store=graph_store(session.device))
-    return session.compiled

@@ -18,7 +18,13 @@ from specdecode.core.quant import DEFAULT_ACTIVATIONS, activation_bits, set_acti
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.io.paths import is_default_model
 from specdecode.runtime.autoformat import AUTO, resolve_format
-from specdecode.runtime.compiling import graph_store, install_compiled, resolve_compile, stored_steps
+from specdecode.runtime.compiling import (
+    graph_store,
+    inductor_cache_dir,
+    install_compiled,
+    resolve_compile,
+    stored_steps,
+)
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
@@ -73,6 +79,14 @@ class Session:
     @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
+
+    def building_steps(self) -> CompiledSteps:
+        """The compiled steps, made (not installed) when this session runs eager: a bench method with
+        ``compile=on`` beside an eager one, in one run."""
+        if self.compiled is None or not self.compiled.build:
+            inductor_cache_dir()
+            self.compiled = CompiledSteps(self.device.type, on_compile=self.on_compile, store=graph_store(self.device))
+        return self.compiled
 
     @property
     def is_main(self) -> bool:

@@ -92,16 +92,16 @@ def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
     span) and found there the second time; a decoder serve does not batch, or no store, is refused."""
     batch = BatchConfig(slots=1, slot_tokens=256)
     with pytest.raises(ValueError, match="build into a store"):
-        precompile_pool(tiny_session, baseline_decode, batch, 256)
+        precompile_pool(tiny_session.compiled, tiny_session.loaded, baseline_decode, batch, 256)
     session = replace(tiny_session, compiled=CompiledSteps(store=PackageStore(tmp_path)))
     with pytest.raises(ValueError, match="served one request at a time"):
-        precompile_pool(session, object(), batch, 256)
+        precompile_pool(session.compiled, session.loaded, object(), batch, 256)
     heard: list[tuple[int, int]] = []
-    first = precompile_pool(session, baseline_decode, batch, 256, lambda i, n: heard.append((i, n)))
+    first = precompile_pool(session.compiled, session.loaded, baseline_decode, batch, 256,
+                            lambda i, n: heard.append((i, n)))
     assert [(k.kind, k.rows, k.tokens, k.span) for k, _ in first.built] == [("target[]", 1, 1, 256)]
     assert first.loaded == 0 and first.sizes == [256] and heard == [(0, 1), (1, 1)] and first.disk_bytes > 0
-    again = precompile_pool(replace(session, compiled=CompiledSteps(store=PackageStore(tmp_path))), baseline_decode,
-                            batch, 256)
+    again = precompile_pool(CompiledSteps(store=PackageStore(tmp_path)), session.loaded, baseline_decode, batch, 256)
     assert again.built == [] and again.loaded == 1
 
 
