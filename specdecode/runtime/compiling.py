@@ -320,7 +320,7 @@ class PackageStore:
         return report
 
 
-RECORD = "identity.json"
+RECORD = "identity.json"  # in each graph directory: the step code and package version its graphs were built by
 CAP_ENV = "SPECDECODE_GRAPH_CACHE_GB"
 DEFAULT_GRAPH_CACHE_GB = 20.0  # serve's full set with every span is about 7 GB today (docs/compiled.md)
 
@@ -351,7 +351,7 @@ def _last_use(where: Path) -> float:
     for path in (where / RECORD, where):
         with contextlib.suppress(OSError):
             return path.stat().st_mtime
-    return 0.0  # in each graph directory: the step code and package version its graphs were built by
+    return 0.0
 
 
 @dataclass
