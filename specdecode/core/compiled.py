@@ -105,11 +105,12 @@ class GraphKey:
 
 class GraphStore(Protocol):
     """Compiled graphs kept between processes (``runtime.compiling.PackageStore``): ``load`` gives
-    the stored graph of ``module``'s weights for ``key`` or None; ``build`` compiles ``step`` (a
-    module calling ``module``'s step) on example ``args``, stores and returns it; ``names`` lists the
-    graphs stored for ``module``'s weights."""
+    the stored graph of ``module``'s weights for ``key`` or None (``step``: the module the graph was
+    exported from, whose live tensors a graph without its own weight copy is bound to); ``build``
+    compiles ``step`` (a module calling ``module``'s step) on example ``args``, stores and returns it;
+    ``names`` lists the graphs stored for ``module``'s weights."""
 
-    def load(self, module: nn.Module, key: GraphKey) -> Callable[..., Any] | None: ...
+    def load(self, module: nn.Module, key: GraphKey, step: nn.Module) -> Callable[..., Any] | None: ...
 
     def build(self, module: nn.Module, key: GraphKey, step: nn.Module, args: tuple[Any, ...]) -> Callable[..., Any]: ...
 
@@ -204,7 +205,7 @@ class CompiledSteps:
         args = (tokens, positions, slots, mask, view.k, view.v, *extra)
         fn = self.graphs.get(key)
         if fn is None and self.compile and self.store is not None:
-            fn = self.store.load(owner, key)
+            fn = self.store.load(owner, key, make())
             if fn is not None:
                 self.graphs[key] = fn
                 self.loaded.append(key)

@@ -44,6 +44,7 @@ from specdecode.core.compiled import (
 )
 from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
+from specdecode.core.quant import weight_format as layers_format
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import cache_root
@@ -72,7 +73,7 @@ def inductor_cache_dir() -> str:
 
 
 # A stored graph is valid for one build of these: a change here makes every package a new file.
-PACKAGE_VERSION = 1
+PACKAGE_VERSION = 2  # 2: graphs bind the live weights (binds_weights)
 _SAMPLES = 4096  # elements read from each tensor for a module's identity
 
 
@@ -98,10 +99,65 @@ def code_identity() -> str:
     return h.hexdigest()[:16]
 
 
-def package_options() -> dict[str, Any]:
+BOUND = "specdecode.bound"  # a package's metadata: "1" where it carries no weights (binds_weights)
+
+
+def package_options(bound: bool = False) -> dict[str, Any]:
     """The inductor options of a stored (AOTInductor) CPU graph: the compiled steps' own, less the C++
-    wrapper (an AOTInductor package is C++ through and through)."""
-    return {k: v for k, v in INDUCTOR_OPTIONS["cpu"].items() if k != "cpp_wrapper"}
+    wrapper (an AOTInductor package is C++ through and through). ``bound``: without freezing and
+    without the weights, which the loader binds from the live module (``binds_weights``)."""
+    options = {k: v for k, v in INDUCTOR_OPTIONS["cpu"].items() if k != "cpp_wrapper"}
+    if bound:
+        options.update({"freezing": False, "aot_inductor.package_constants_in_so": False,
+                        "aot_inductor.metadata": {BOUND: "1"}})
+    return options
+
+
+def binds_weights(module: nn.Module) -> bool:
+    """Whether a stored graph of ``module`` reads the live module's weights, bound at load, instead of
+    carrying a frozen copy. Freezing lets inductor pack float linear weights for oneDNN, which pays
+    where float matmuls are the step: a target in the native format (its decode step ran 1.8x as fast
+    frozen, bf16). Integer layers (int8, 4-bit) are our own ops either way, and a drafter's steps are
+    small: their graphs bind, 2-4 MB each instead of 78-155, no weight copy in memory per graph, and
+    bit-identical to eager (docs/LOG.md, 2026-12-06 night)."""
+    return not isinstance(module, Transformer) or layers_format(module) != "native"
+
+
+@contextlib.contextmanager
+def _exportable(step: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """``step`` with every tensor it reads under a name, for a while: plain tensor attributes (the rope
+    frequencies, kept out of buffers so ``.to(dtype)`` leaves them float32) become non-persistent
+    buffers, and modules held in lists (a drafter's view of the target's embedding) submodules of
+    ``step``. Yields the tensors by the names ``torch.export``, and so a package's constants, give
+    them. Attribute reads see the same tensor throughout (another thread may be decoding)."""
+    held = [h for m in list(step.modules()) for v in vars(m).values() if isinstance(v, list | tuple)
+            for h in v if isinstance(h, nn.Module)]
+    names = [f"held_{i}" for i in range(len(held))]
+    for name, h in zip(names, held, strict=True):
+        step.add_module(name, h)
+    plain = [(m, attr, v) for m in step.modules() for attr, v in list(vars(m).items())
+             if isinstance(v, torch.Tensor) and v.layout == torch.strided]  # not oneDNN's opaque packed weights
+    for m, attr, v in plain:
+        m._buffers[attr] = v
+        m._non_persistent_buffers_set.add(attr)
+        del m.__dict__[attr]
+    try:
+        tensors: dict[str, torch.Tensor] = dict(step.named_parameters(remove_duplicate=False))
+        tensors.update(step.named_buffers(remove_duplicate=False))
+        yield tensors
+    finally:
+        for m, attr, v in plain:
+            m.__dict__[attr] = v
+            m._buffers.pop(attr, None)
+            m._non_persistent_buffers_set.discard(attr)
+        for name in names:
+            delattr(step, name)
+
+
+def live_tensors(step: nn.Module) -> dict[str, torch.Tensor]:
+    """What a bound graph of ``step`` reads, by name (``_exportable``)."""
+    with _exportable(step) as tensors:
+        return tensors
 
 
 def _held_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -149,9 +205,10 @@ def _whole_zip(path: Path) -> bool:
 class LoadedGraph:
     """An AOTInductor package run by torch's C++ loader, called like the module it was exported from.
     ``torch._inductor.aoti_load_package`` imports inductor and dynamo (2.3 s per process on a 2-core
-    EPYC) and parses the output tree on every call; this does neither."""
+    EPYC) and parses the output tree on every call; this does neither. A package without weights
+    (``binds_weights``) reads ``tensors`` (``live_tensors``) in place, never a copy."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tensors: dict[str, torch.Tensor] | None = None) -> None:
         # The loader extracts the package (its library and weights: 150 MB for SmolLM2) into a directory
         # under $TMPDIR that it removes only when destroyed, which a process ending (a server stopped with
         # SIGTERM, any exit) does not do: 54 GB of them filled this machine's disk in a day. Extracted into
@@ -163,6 +220,15 @@ class LoadedGraph:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
         self.out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
+        self.bound: dict[str, torch.Tensor] = {}  # held here: the graph reads their memory
+        if self.loader.get_metadata().get(BOUND) == "1":
+            names = self.loader.get_constant_fqns()
+            missing = [n for n in names if n not in (tensors or {})]
+            if missing:
+                raise ValueError(f"{path.name} reads weights the module does not have ({', '.join(missing[:3])}"
+                                 f"{', ...' if len(missing) > 3 else ''}): built from other code or another module")
+            self.bound = {n: cast(dict[str, torch.Tensor], tensors)[n].detach() for n in names}
+            self.loader.load_constants(self.bound, False, True, True)  # user-managed: no copy
 
     def __call__(self, *args: torch.Tensor | list[torch.Tensor]) -> Any:
         flat = [t for a in args for t in (a if isinstance(a, list) else (a,))]  # the export's input order
@@ -225,12 +291,12 @@ class PackageStore:
         where = self.root / self.identity(module)
         return sorted(p.name for p in where.glob("*.pt2")) if where.is_dir() else []
 
-    def load(self, module: nn.Module, key: GraphKey) -> Callable[..., Any] | None:
+    def load(self, module: nn.Module, key: GraphKey, step: nn.Module) -> Callable[..., Any] | None:
         path = self.path(module, key)
         if not path.is_file():
             return None
         try:
-            graph = LoadedGraph(path)
+            graph = LoadedGraph(path, live_tensors(step))
             _record(path.parent)  # a directory stored before records: this code uses it, so it is current
             _used(path.parent)
             return graph
@@ -250,7 +316,8 @@ class PackageStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Exported outside inference mode on copies: the caller's tensors may be inference tensors,
         # which tracing cannot write to.
-        with torch.inference_mode(False), torch.no_grad():
+        bound = binds_weights(module)
+        with torch.inference_mode(False), torch.no_grad(), _exportable(step) as tensors:
             example = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
             exported = torch.export.export(step, example)
             # built beside, outside the glob count() reads: a build killed midway leaves no package
@@ -258,7 +325,7 @@ class PackageStore:
             tmp.parent.mkdir(exist_ok=True)
             try:
                 torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                                         inductor_configs=package_options())
+                                                         inductor_configs=package_options(bound))
                 os.replace(tmp, path)  # whole or not at all
             finally:
                 tmp.unlink(missing_ok=True)
@@ -268,7 +335,7 @@ class PackageStore:
             if self.log is not None:
                 self.log(f"graph store over its cap ({self.max_bytes / 1e9:.1f} GB, ${CAP_ENV}): removed the least "
                          f"recently used {where} ({size / 1e9:.2f} GB)")
-        return LoadedGraph(path)
+        return LoadedGraph(path, tensors)
 
     def trim(self, keep: Path | None = None, dry_run: bool = False,
              gone: frozenset[Path] = frozenset()) -> list[tuple[Path, int]]:

@@ -139,7 +139,7 @@ class RecordingStore:
         self.built: list = []
         self.calls: collections.Counter = collections.Counter()  # key -> calls of its graph
 
-    def load(self, module, key):
+    def load(self, module, key, step):
         return None
 
     def build(self, module, key, step, args):

@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from specdecode.bench.methods import build_method
 from specdecode.cli.common import runtime_config
 from specdecode.cli.main import build_parser, main
 from specdecode.core.batching import BatchConfig
-from specdecode.core.compiled import CompiledSteps, span_buckets, use_steps
+from specdecode.core.compiled import CompiledSteps, TargetStep, span_buckets, use_steps
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
+from specdecode.core.quant import quantize_weights
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime import compiling
@@ -203,6 +205,47 @@ def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_p
     parse = build_parser().parse_args
     assert runtime_config(parse(["generate", "hi"])).stored_graphs
     assert not runtime_config(parse(["bench"])).stored_graphs  # bench measures what it is told
+
+
+def test_graphs_of_integer_layers_and_drafters_bind_the_live_weights(stored, tmp_path):
+    """A graph of a target with integer layers (int8 here, 4-bit alike), or of a drafter, carries no
+    weights: the loader binds the live module's tensors, in place, and the output equals eager; a float
+    target's graph freezes its own copy (inductor packs its matmuls for oneDNN)."""
+    model, drafter, *_ = stored
+    assert not compiling.binds_weights(model) and compiling.binds_weights(drafter)
+    int8 = tiny_model(seed=5, dtype=torch.float32, max_position_embeddings=1024)
+    quantize_weights(int8, "int8")
+    assert compiling.binds_weights(int8)
+    rng = random.Random(3)
+    prompt = [rng.randrange(4, 97) for _ in range(24)]
+    eager = generate(int8, None, prompt)
+    steps = CompiledSteps(store=PackageStore(tmp_path))
+    with use_steps((int8,), steps):
+        assert generate(int8, None, prompt) == eager
+    again = CompiledSteps(store=PackageStore(tmp_path), build=False)  # as a new process: loaded and bound
+    with use_steps((int8,), again):
+        assert generate(int8, None, prompt) == eager
+    assert again.loaded and again.compiled == []
+    graph = next(iter(again.graphs.values()))
+    live = {t.data_ptr() for t in compiling.live_tensors(TargetStep(int8, ())).values()}
+    assert graph.bound and {t.data_ptr() for t in graph.bound.values()} <= live  # read in place, never copied
+    # no copy on disk: the embedding's bytes are in the frozen float target's packages, not in these
+    def holds(path: Path, weight: torch.Tensor) -> bool:
+        with zipfile.ZipFile(path) as z:
+            return any(weight[:2].contiguous().numpy().tobytes() in z.read(n) for n in z.namelist())
+
+    assert all(not holds(p, int8.embed_tokens.weight) for p in tmp_path.rglob("*.pt2"))
+    frozen_dir = stored[3] / PackageStore(stored[3]).identity(model)
+    assert all(holds(p, model.embed_tokens.weight) for p in frozen_dir.glob("*.pt2"))
+    drafter_dir = stored[3] / PackageStore(stored[3]).identity(drafter)  # the drafter reads the target's embedding
+    drafted = list(drafter_dir.glob("*.pt2"))
+    assert drafted and not any(holds(p, model.embed_tokens.weight) for p in drafted)
+    # the rope frequencies stay a plain float32 attribute (a buffer only while exported)
+    assert "inv_freq" in vars(int8) and "inv_freq" not in dict(int8.named_buffers())
+    # a module without the tensors a bound graph reads is refused, by name
+    path = next(tmp_path.rglob("*.pt2"))
+    with pytest.raises(ValueError, match="reads weights the module does not have"):
+        compiling.LoadedGraph(path, {})
 
 
 def test_precompile_needs_a_store_and_covers_every_cache_size():
