@@ -73,7 +73,7 @@ def inductor_cache_dir() -> str:
 
 
 # A stored graph is valid for one build of these: a change here makes every package a new file.
-PACKAGE_VERSION = 2  # 2: graphs bind the live weights (binds_weights)
+PACKAGE_VERSION = 3  # 2: graphs bind the live weights (binds_weights); 3: any span (span_dynamic_shapes)
 _SAMPLES = 4096  # elements read from each tensor for a module's identity
 
 
@@ -279,8 +279,9 @@ class PackageStore:
 
     def path(self, module: nn.Module, key: GraphKey) -> Path:
         kind = re.sub(r"[^a-z0-9]+", "-", key.kind.lower()).strip("-")
-        cache = "x".join(str(d) for d in key.cache)
-        return self.root / self.identity(module) / f"{kind}-r{key.rows}-t{key.tokens}-s{key.span}-c{cache}.pt2"
+        cache = "x".join(str(d) if d else "n" for d in key.cache)  # n: any (a dynamic dimension)
+        span = f"-s{key.span}" if key.span else ""
+        return self.root / self.identity(module) / f"{kind}-r{key.rows}-t{key.tokens}{span}-c{cache}.pt2"
 
     def count(self, module: nn.Module) -> int:
         """How many graphs of ``module``'s weights are stored."""
@@ -310,7 +311,8 @@ class PackageStore:
                 path.unlink(missing_ok=True)
             return None
 
-    def build(self, module: nn.Module, key: GraphKey, step: nn.Module, args: tuple[Any, ...]) -> Callable[..., Any]:
+    def build(self, module: nn.Module, key: GraphKey, step: nn.Module, args: tuple[Any, ...],
+              dynamic_shapes: tuple[Any, ...] | None = None) -> Callable[..., Any]:
         inductor_cache_dir()
         path = self.path(module, key)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -319,7 +321,7 @@ class PackageStore:
         bound = binds_weights(module)
         with torch.inference_mode(False), torch.no_grad(), _exportable(step) as tensors:
             example = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
-            exported = torch.export.export(step, example)
+            exported = torch.export.export(step, example, dynamic_shapes=dynamic_shapes)
             # built beside, outside the glob count() reads: a build killed midway leaves no package
             tmp = path.parent / ".building" / f"{path.stem}.{os.getpid()}.pt2"
             tmp.parent.mkdir(exist_ok=True)

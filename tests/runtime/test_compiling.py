@@ -90,7 +90,7 @@ def test_bench_method_compile_parameter_is_checked(tiny_session):
 
 
 def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
-    """``compile --serve``: the pool's graphs built into the store (here one: plain steps, one row, one
+    """``compile --serve``: the pool's graphs built into the store (here one: plain steps, one row, any
     span) and found there the second time; a decoder serve does not batch, or no store, is refused."""
     batch = BatchConfig(slots=1, slot_tokens=256)
     with pytest.raises(ValueError, match="build into a store"):
@@ -101,7 +101,7 @@ def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
     heard: list[tuple[int, int]] = []
     first = precompile_pool(session.compiled, session.loaded, baseline_decode, batch, 256,
                             lambda i, n: heard.append((i, n)))
-    assert [(k.kind, k.rows, k.tokens, k.span) for k, _ in first.built] == [("target[]", 1, 1, 256)]
+    assert [(k.kind, k.rows, k.tokens, k.span) for k, _ in first.built] == [("target[]", 1, 1, 0)]
     assert first.loaded == 0 and first.sizes == [256] and heard == [(0, 1), (1, 1)] and first.disk_bytes > 0
     again = precompile_pool(CompiledSteps(store=PackageStore(tmp_path)), session.loaded, baseline_decode, batch, 256)
     assert again.built == [] and again.loaded == 1
@@ -207,6 +207,11 @@ def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_p
     assert not runtime_config(parse(["bench"])).stored_graphs  # bench measures what it is told
 
 
+def generate_eager(model, prompt):
+    with use_steps((model,), None):
+        return generate(model, None, prompt)
+
+
 def test_graphs_of_integer_layers_and_drafters_bind_the_live_weights(stored, tmp_path):
     """A graph of a target with integer layers (int8 here, 4-bit alike), or of a drafter, carries no
     weights: the loader binds the live module's tensors, in place, and the output equals eager; a float
@@ -220,8 +225,11 @@ def test_graphs_of_integer_layers_and_drafters_bind_the_live_weights(stored, tmp
     prompt = [rng.randrange(4, 97) for _ in range(24)]
     eager = generate(int8, None, prompt)
     steps = CompiledSteps(store=PackageStore(tmp_path))
+    longer = [rng.randrange(4, 97) for _ in range(300)]  # a cache of 512 slots, not 256: the same graphs
     with use_steps((int8,), steps):
         assert generate(int8, None, prompt) == eager
+        built = len(steps.compiled)
+        assert generate(int8, None, longer) == generate_eager(int8, longer) and len(steps.compiled) == built
     again = CompiledSteps(store=PackageStore(tmp_path), build=False)  # as a new process: loaded and bound
     with use_steps((int8,), again):
         assert generate(int8, None, prompt) == eager
