@@ -171,6 +171,9 @@ class CompiledSteps:
     store: GraphStore | None = None  # graphs kept on disk between processes (CPU: AOTInductor packages)
     build: bool = True  # False: only the store's graphs run compiled, other buckets' padded steps eager
     graphs: dict[GraphKey, Callable[..., Any]] = field(default_factory=dict)
+    # the padded steps run eager (not compiling, or a shape neither stored nor built): apart, so a later
+    # build, or a copy that builds (stored_only shares ``graphs``), still builds the shape
+    eager: dict[GraphKey, nn.Module] = field(default_factory=dict)
     compiled: list[tuple[GraphKey, float]] = field(default_factory=list)  # (key, seconds) in order
     loaded: list[GraphKey] = field(default_factory=list)  # graphs taken from the store, in order
 
@@ -231,7 +234,7 @@ class CompiledSteps:
                 self.graphs[key] = fn
                 self.loaded.append(key)
         if fn is None and (not self.compile or not self.build):
-            fn = self.graphs[key] = make()
+            fn = self.eager.get(key) or self.eager.setdefault(key, make())
         if fn is None:
             if self.on_compile is not None:
                 self.on_compile(key, None)
@@ -406,7 +409,7 @@ def stored_only(steps: StepRunner | None) -> CompiledSteps | None:
     where ``steps`` keep no store (eager steps, or CUDA graphs captured in each process)."""
     if not isinstance(steps, CompiledSteps) or not steps.compile or steps.store is None:
         return None
-    return replace(steps, build=False)
+    return replace(steps, build=False, eager={})
 
 
 @contextmanager

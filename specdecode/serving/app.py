@@ -99,13 +99,13 @@ def _warm(batcher: BatchEngine, max_len: int | None) -> None:
     if not isinstance(steps, CompiledSteps):
         return
     t0 = time.perf_counter()
-    loaded0, graphs0 = len(steps.loaded), len(steps.graphs)
+    loaded0, eager0 = len(steps.loaded), len(steps.eager)
     log.info("compiled steps: %s graphs for batches of up to %d requests, contexts up to %d tokens ...",
              "building or loading" if steps.build else "loading the stored", batcher.config.slots,
              min(max_len or batcher.limit, batcher.limit))
     built = batcher.warm(max_len, seal=True)
     loaded = len(steps.loaded) - loaded0
-    eager = len(steps.graphs) - graphs0 - loaded - built
+    eager = len(steps.eager) - eager0
     log.info("compiled steps (%.1f s): %d graphs built, %d loaded, %d shapes eager%s; longer contexts and prefill "
              "run eager", time.perf_counter() - t0, built, loaded, eager,
              " (not stored: `specdecode compile --serve` with these flags, or serve --compile on, builds them)"

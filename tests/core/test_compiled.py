@@ -178,7 +178,7 @@ def test_a_warmed_pool_runs_every_decode_step_on_a_warmed_graph(model, drafter, 
             assert timed == {"targe", "draft"} and sum(store.calls.values()) > 4 * CALIBRATION_STEPS
         got, _ = run_all(engine, prompts, options)
     assert [got[i] for i in range(len(prompts))] == alone
-    assert set(steps.graphs) == warmed and len(store.built) == built  # no shape outside the warmed ones
+    assert set(steps.graphs) == warmed and not steps.eager and len(store.built) == built  # no shape outside the warmed
     kinds = {k.kind for k in warmed}
     assert any(k.startswith("draft") for k in kinds) == (policy != "never")
     assert ("target[]" in kinds) == (policy == "never")
