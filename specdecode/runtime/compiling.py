@@ -100,31 +100,52 @@ def code_identity() -> str:
 
 
 BOUND = "specdecode.bound"  # a package's metadata: "1" where it carries no weights (binds_weights)
+HELD = "specdecode.held"  # a package's metadata: the held tensors it takes as trailing inputs, comma-separated
+HELD_PREFIX = "held_"  # exportable's names of the modules a step holds in lists
 
 
-def package_options(bound: bool = False) -> dict[str, Any]:
+def package_options(bound: bool = False, held: list[str] | None = None) -> dict[str, Any]:
     """The inductor options of a stored (AOTInductor) CPU graph: the compiled steps' own, less the C++
     wrapper (an AOTInductor package is C++ through and through). ``bound``: without freezing and
-    without the weights, which the loader binds from the live module (``binds_weights``)."""
+    without the weights, which the loader binds from the live module (``binds_weights``); ``held``:
+    the names of the tensors it takes as trailing inputs (``HeldAsInputs``)."""
     options = {k: v for k, v in INDUCTOR_OPTIONS["cpu"].items() if k != "cpp_wrapper"}
+    metadata = {HELD: ",".join(held)} if held else {}
     if bound:
-        options.update({"freezing": False, "aot_inductor.package_constants_in_so": False,
-                        "aot_inductor.metadata": {BOUND: "1"}})
+        options.update({"freezing": False, "aot_inductor.package_constants_in_so": False})
+        metadata[BOUND] = "1"
+    if metadata:
+        options["aot_inductor.metadata"] = metadata
     return options
 
 
 def binds_weights(module: nn.Module) -> bool:
     """Whether a stored graph of ``module`` reads the live module's weights, bound at load, instead of
-    carrying a frozen copy. Freezing lets inductor pack float linear weights for oneDNN, which pays
-    where float matmuls are the step: a target in the native format (its decode step ran 1.8x as fast
-    frozen, bf16). Integer layers (int8, 4-bit) are our own ops either way, and a drafter's steps are
-    small: their graphs bind, 2-4 MB each instead of 78-155, no weight copy in memory per graph, and
-    bit-identical to eager (docs/LOG.md, 2026-12-06 night)."""
-    return not isinstance(module, Transformer) or layers_format(module) != "native"
+    carrying a frozen copy: where its linear layers are integer kernels (int8, 4-bit), our own ops
+    either way. There a graph is 3.5 MB instead of 155 and adds 1 MB of memory instead of 300, as fast
+    (within 5%) and bit-identical to eager. Freezing packs float linear weights for oneDNN, which pays
+    where float matmuls are the step: a drafter's draft step ran 2.3x as fast frozen, a bf16 target's
+    decode step 1.8x (benchmarks/results/2026-12-06-bound-graphs). Those freeze, less the tensors they
+    hold but do not own (``HeldAsInputs``)."""
+    return isinstance(module, Transformer) and layers_format(module) != "native"
+
+
+class HeldAsInputs(nn.Module):
+    """``step`` taking the tensors of the modules it holds but does not own (``exportable``'s ``held_*``:
+    a drafter's view of the target's embedding) as trailing inputs, so a frozen graph never copies them:
+    they are the target's, 56 MB of a draft graph's 78 for SmolLM2."""
+
+    def __init__(self, step: nn.Module, names: list[str]) -> None:
+        super().__init__()
+        self.step, self.names = step, names
+
+    def forward(self, *args: Any) -> Any:
+        n = len(self.names)
+        return torch.func.functional_call(self.step, dict(zip(self.names, args[-n:], strict=True)), args[:-n])
 
 
 @contextlib.contextmanager
-def _exportable(step: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+def exportable(step: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     """``step`` with every tensor it reads under a name, for a while: plain tensor attributes (the rope
     frequencies, kept out of buffers so ``.to(dtype)`` leaves them float32) become non-persistent
     buffers, and modules held in lists (a drafter's view of the target's embedding) submodules of
@@ -132,7 +153,7 @@ def _exportable(step: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     them. Attribute reads see the same tensor throughout (another thread may be decoding)."""
     held = [h for m in list(step.modules()) for v in vars(m).values() if isinstance(v, list | tuple)
             for h in v if isinstance(h, nn.Module)]
-    names = [f"held_{i}" for i in range(len(held))]
+    names = [f"{HELD_PREFIX}{i}" for i in range(len(held))]
     for name, h in zip(names, held, strict=True):
         step.add_module(name, h)
     plain = [(m, attr, v) for m in step.modules() for attr, v in list(vars(m).items())
@@ -155,8 +176,8 @@ def _exportable(step: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
 
 
 def live_tensors(step: nn.Module) -> dict[str, torch.Tensor]:
-    """What a bound graph of ``step`` reads, by name (``_exportable``)."""
-    with _exportable(step) as tensors:
+    """What a bound graph of ``step`` reads, by name (``exportable``)."""
+    with exportable(step) as tensors:
         return tensors
 
 
@@ -220,18 +241,21 @@ class LoadedGraph:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
         self.out_spec = pytree.treespec_loads(self.loader.get_call_spec()[1])
-        self.bound: dict[str, torch.Tensor] = {}  # held here: the graph reads their memory
-        if self.loader.get_metadata().get(BOUND) == "1":
-            names = self.loader.get_constant_fqns()
-            missing = [n for n in names if n not in (tensors or {})]
-            if missing:
-                raise ValueError(f"{path.name} reads weights the module does not have ({', '.join(missing[:3])}"
-                                 f"{', ...' if len(missing) > 3 else ''}): built from other code or another module")
-            self.bound = {n: cast(dict[str, torch.Tensor], tensors)[n].detach() for n in names}
+        metadata = self.loader.get_metadata()
+        bound = self.loader.get_constant_fqns() if metadata.get(BOUND) == "1" else []
+        held = [n for n in metadata.get(HELD, "").split(",") if n]
+        live = tensors or {}
+        missing = [n for n in (*bound, *held) if n not in live]
+        if missing:
+            raise ValueError(f"{path.name} reads weights the module does not have ({', '.join(missing[:3])}"
+                             f"{', ...' if len(missing) > 3 else ''}): built from other code or another module")
+        self.bound = {n: live[n].detach() for n in bound}  # kept here: the graph reads their memory
+        if bound:
             self.loader.load_constants(self.bound, False, True, True)  # user-managed: no copy
+        self.held = [live[n].detach() for n in held]  # trailing inputs of every call
 
     def __call__(self, *args: torch.Tensor | list[torch.Tensor]) -> Any:
-        flat = [t for a in args for t in (a if isinstance(a, list) else (a,))]  # the export's input order
+        flat = [t for a in args for t in (a if isinstance(a, list) else (a,))] + self.held  # the export's order
         return pytree.tree_unflatten(self.loader.boxed_run(flat), self.out_spec)
 
 
@@ -319,15 +343,20 @@ class PackageStore:
         # Exported outside inference mode on copies: the caller's tensors may be inference tensors,
         # which tracing cannot write to.
         bound = binds_weights(module)
-        with torch.inference_mode(False), torch.no_grad(), _exportable(step) as tensors:
+        with torch.inference_mode(False), torch.no_grad(), exportable(step) as tensors:
             example = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
+            held = [] if bound else [n for n in tensors if n.startswith(HELD_PREFIX)]
+            if held:
+                step, example = HeldAsInputs(step, held), (*example, *(tensors[n] for n in held))
+                if dynamic_shapes is not None:  # forward(*args): one argument, the tuple
+                    dynamic_shapes = ((*dynamic_shapes, *(None,) * len(held)),)
             exported = torch.export.export(step, example, dynamic_shapes=dynamic_shapes)
             # built beside, outside the glob count() reads: a build killed midway leaves no package
             tmp = path.parent / ".building" / f"{path.stem}.{os.getpid()}.pt2"
             tmp.parent.mkdir(exist_ok=True)
             try:
                 torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                                         inductor_configs=package_options(bound))
+                                                         inductor_configs=package_options(bound, held))
                 os.replace(tmp, path)  # whole or not at all
             finally:
                 tmp.unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from specdecode.bench.methods import build_method
 from specdecode.cli.common import runtime_config
 from specdecode.cli.main import build_parser, main
 from specdecode.core.batching import BatchConfig
-from specdecode.core.compiled import CompiledSteps, TargetStep, span_buckets, use_steps
+from specdecode.core.compiled import CompiledSteps, DraftStep, TargetStep, span_buckets, use_steps
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.quant import quantize_weights
@@ -212,12 +212,13 @@ def generate_eager(model, prompt):
         return generate(model, None, prompt)
 
 
-def test_graphs_of_integer_layers_and_drafters_bind_the_live_weights(stored, tmp_path):
-    """A graph of a target with integer layers (int8 here, 4-bit alike), or of a drafter, carries no
-    weights: the loader binds the live module's tensors, in place, and the output equals eager; a float
-    target's graph freezes its own copy (inductor packs its matmuls for oneDNN)."""
+def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
+    """A graph of a target with integer layers (int8 here, 4-bit alike) carries no weights: the loader
+    binds the live module's tensors, in place, and the output equals eager. A float target's graph, or a
+    drafter's, freezes its own copy (inductor packs its matmuls for oneDNN), but never the target's
+    embedding a drafter holds: that is an input of each call."""
     model, drafter, *_ = stored
-    assert not compiling.binds_weights(model) and compiling.binds_weights(drafter)
+    assert not compiling.binds_weights(model) and not compiling.binds_weights(drafter)
     int8 = tiny_model(seed=5, dtype=torch.float32, max_position_embeddings=1024)
     quantize_weights(int8, "int8")
     assert compiling.binds_weights(int8)
@@ -248,6 +249,8 @@ def test_graphs_of_integer_layers_and_drafters_bind_the_live_weights(stored, tmp
     drafter_dir = stored[3] / PackageStore(stored[3]).identity(drafter)  # the drafter reads the target's embedding
     drafted = list(drafter_dir.glob("*.pt2"))
     assert drafted and not any(holds(p, model.embed_tokens.weight) for p in drafted)
+    draft_graph = compiling.LoadedGraph(drafted[0], compiling.live_tensors(DraftStep(drafter)))
+    assert [t.data_ptr() for t in draft_graph.held] == [model.embed_tokens.weight.data_ptr()] and not draft_graph.bound
     # the rope frequencies stay a plain float32 attribute (a buffer only while exported)
     assert "inv_freq" in vars(int8) and "inv_freq" not in dict(int8.named_buffers())
     # a module without the tensors a bound graph reads is refused, by name

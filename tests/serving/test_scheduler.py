@@ -338,7 +338,8 @@ def test_compiled_steps_are_warmed_before_the_first_request_and_nothing_compiles
         finally:
             running.stop()
     warmed = set(store.built)
-    assert warmed and {k.rows for k in warmed} == {1, 2} and {k.span for k in warmed} == {0} and store.spans == {CONTEXT}
+    assert warmed and {k.rows for k in warmed} == {1, 2}
+    assert {k.span for k in warmed} == {0} and store.spans == {CONTEXT}  # stored graphs serve any span
     assert not steps.build and set(steps.graphs) == warmed and not steps.eager  # every step ran on a warmed graph
     assert any(f"{len(warmed)} graphs built, 0 loaded, 0 shapes eager" in r.getMessage() for r in caplog.records)
     assert texts[0] == texts[1] == expected(loaded, decoder, loaded.tokenizer.encode("Tell me a story"), 12).text
