@@ -101,6 +101,10 @@ def machine(threads: str) -> str:
 
 def run_suite(suite: dict, dry_run: bool) -> Path:
     out = RESULTS / f"{datetime.date.today().isoformat()}-{suite['name']}"
+    n = 1
+    while not dry_run and (out.parent / f"{out.name}{'' if n == 1 else f'-{n}'}" / "README.md").exists():
+        n += 1  # a second run the same day gets its own folder, never the first one's
+    out = out.parent / f"{out.name}{'' if n == 1 else f'-{n}'}"
     fill = values(out)
     missing = [k for k in ("spec_bench", "passages") if any(f"{{{k}}}" in a for s in suite["steps"] for a in s["run"])
                and not Path(fill[k]).exists()]

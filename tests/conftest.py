@@ -5,13 +5,15 @@ import torch
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_results(tmp_path_factory):
     """Runs measured by tests (and their subprocesses) go to a throwaway store and profile dir,
-    never the user's."""
+    never the user's, and start no background build of compiled graphs."""
     import os
 
     root = tmp_path_factory.mktemp("specdecode-home")
-    saved = {k: os.environ.get(k) for k in ("SPECDECODE_RESULTS_DB", "SPECDECODE_PROFILE_DIR")}
+    saved = {k: os.environ.get(k) for k in ("SPECDECODE_RESULTS_DB", "SPECDECODE_PROFILE_DIR",
+                                            "SPECDECODE_BACKGROUND_COMPILE")}
     os.environ["SPECDECODE_RESULTS_DB"] = str(root / "results.db")
     os.environ["SPECDECODE_PROFILE_DIR"] = str(root / "profiles")
+    os.environ["SPECDECODE_BACKGROUND_COMPILE"] = "0"  # a generate test never leaves a build running
     yield
     for k, v in saved.items():
         if v is None:

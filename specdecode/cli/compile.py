@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, add_renamed, add_spec_args, decoder_spec, notice, runtime_config
@@ -20,14 +20,16 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compile", help=SUBCOMMANDS["compile"][1],
-        description="Export and compile ahead of time (AOTInductor, freezing) the decode, verify and draft steps "
-                    "a request of up to --compile-max-len tokens needs with these flags, one graph per cache "
-                    "size, into $SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in "
-                    "under a second each) and the shapes not stored eager. With --serve, the graphs of `serve` "
-                    "with the same flags instead (its batch of up to --max-running-requests rows: every batch "
-                    "size bucket, attention spans up to --compile-max-len); `serve --compile auto` loads them "
-                    "before serving. Graphs already stored are not built again. About 1.5 minutes per target "
-                    "graph on a 2-core CPU, and each holds its own copy of the weights on disk. CPU only.")
+        description="Export and compile ahead of time (AOTInductor) the decode, verify and draft steps a "
+                    "request of up to --compile-max-len tokens needs with these flags, one graph per rows x "
+                    "tokens bucket (each serves every attention span and cache size), into "
+                    "$SPECDECODE_CACHE/graphs. `generate --compile auto` then runs them (loaded in under a "
+                    "second each) and the shapes not stored eager. With --serve, the graphs of `serve` with the "
+                    "same flags instead (its batch of up to --max-running-requests rows: every batch size "
+                    "bucket); `serve --compile auto` loads them before serving. Graphs already stored are not "
+                    "built again. About 35 s per target graph and 8 s per draft graph on a 2-core CPU; a 4-bit "
+                    "or int8 target's graph reads the loaded weights (3.5 MB on disk), a float one holds a "
+                    "frozen copy (docs/compiled.md). CPU only.")
     p.add_argument("--compile-max-len", type=int, default=DEFAULT_COMPILE_MAX_LEN, dest="max_len",
                    help="the longest request (prompt + new tokens) to compile for: caches of 256, 512, ... tokens up "
                         f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; the same flag as serve's)")
@@ -40,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "least recently used directories while the store is over its cap ($SPECDECODE_GRAPH_CACHE_GB, "
                         "default 20; also applied after each build), then exit")
     p.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
+    p.add_argument("--if-idle", action="store_true",
+                   help="exit at once when another process is building into the store (what a build that "
+                        "`generate` starts in the background runs); without it, wait for that build to end")
     add_batch_args(p.add_argument_group("serve (with --serve)"))
     add_model_args(p)
     add_spec_args(p)
@@ -48,12 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specdecode.core.compiled import GraphKey
-    from specdecode.runtime.compiling import precompile, precompile_pool
-    from specdecode.runtime.decoders import build_decoder
-    from specdecode.runtime.session import start
+    from specdecode.runtime.compiling import PackageStore, build_lock
 
     if args.prune:
         return prune(args.dry_run, Console(stderr=True))
@@ -64,6 +65,27 @@ def run(args: argparse.Namespace) -> int:
     spec = decoder_spec(args)
     if getattr(args, "compile", "auto") == "off":
         raise ValueError("`specdecode compile` compiles: drop --compile off")
+    root = PackageStore().root
+    with build_lock(root, wait=False) as mine:
+        if mine:
+            return _build(args, spec, batch, err)
+    if args.if_idle:
+        err.print(f"another process is building into {root}: nothing to do", markup=False, highlight=False)
+        return 0
+    err.print(f"another process is building into {root} (its output: {root / 'build.log'}); waiting for it",
+              markup=False, highlight=False)
+    with build_lock(root):  # then what it built is found stored, not built again
+        return _build(args, spec, batch, err)
+
+
+def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specdecode.core.compiled import GraphKey
+    from specdecode.runtime.compiling import precompile, precompile_pool
+    from specdecode.runtime.decoders import build_decoder
+    from specdecode.runtime.session import start
+
     session = start(replace(runtime_config(args), compile="on"), log=notice)
     steps = session.compiled
     if steps is None or steps.store is None:

@@ -7,12 +7,14 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
+    compile_args,
     compile_notice,
     decoder_spec,
     notice,
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specdecode.core.engine import Engine, GenerateOptions, StreamChunk
     from specdecode.core.profiler import format_profile
+    from specdecode.runtime.compiling import BACKGROUND_ENV
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
 
@@ -63,12 +66,13 @@ def run(args: argparse.Namespace) -> int:
                   markup=False, highlight=False)
         if session.compiled is not None:
             err.print(f"compiled steps: {session.compile_reason}", markup=False, highlight=False)
-        elif args.compile == "auto" and session.device.type == "cpu":  # the first run: say how to get the fast one
-            err.print("note: the steps run eager: no compiled steps are stored for this model on this machine. "
-                      "`specdecode compile --compile-max-len 512` and `... --no-spec` store them once (about 6 minutes "
-                      "on 2 cores); later runs load them in seconds and decode faster (benchmarks/results/"
-                      "q4-speculation/: eager EAGLE-3 at 0.60x of compiled plain decoding)", style="yellow",
-                      markup=False, highlight=False, soft_wrap=True)
+        elif args.compile == "auto" and session.device.type == "cpu":  # the first run: say what happens next
+            err.print("note: the steps run eager: no compiled steps are stored for this model on this machine. After "
+                      "this run they are built in the background (about 1.5 minutes on 2 cores; "
+                      f"${BACKGROUND_ENV}=0 turns that off, `specdecode compile` builds them in the foreground); "
+                      "later runs load them in seconds and decode faster (benchmarks/results/q4-speculation/: eager "
+                      "EAGLE-3 at 0.60x of compiled plain decoding)", style="yellow", markup=False, highlight=False,
+                      soft_wrap=True)
     decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
     if decoder.choice is not None and not args.json:
         err.print(decoder.choice.summary(), markup=False, highlight=False)
@@ -125,6 +129,12 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"profile: no speculative phases to time: this run decoded plain ({decoder.description}); "
                   f"{step_ms:.2f} ms a token after the first, {1000 * result.ttft_s:.0f} ms to the first. For the "
                   f"EAGLE-3 profile, {how}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    background = _build_missing(args, session, len(prompt_ids) + args.max_new_tokens)
+    record["background_compile"] = (asdict(background) | {"log": str(background.log) if background.log else None}
+                                    if background is not None else None)
+    if background is not None and background.pid is not None and not args.json:
+        err.print(f"compiled steps: building the graphs this run ran eager in the background (pid {background.pid}, "
+                  f"its output: {background.log}); the next run loads them", markup=False, highlight=False)
     if args.json:
         print(json.dumps(record))
     else:
@@ -141,3 +151,19 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"{decoder.description}: accept length {result.stats['accept_length']:.2f}, "
                       f"accept rate {result.stats['accept_rate']:.2f}", markup=False, highlight=False)
     return 0
+
+
+def _build_missing(args: argparse.Namespace, session: Any, max_len: int) -> Any:
+    """``--compile auto`` on CPU: when a step shape of this run had no stored graph, `specdecode compile`
+    with this run's flags builds the missing ones in the background, after the run (on 2 cores a build
+    beside the decoding slows the decoding it is for), unless one is running. None: nothing to build."""
+    from specdecode.runtime.compiling import PackageStore, build_in_background
+    from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
+
+    steps = session.compiled
+    if args.compile != "auto" or session.device.type != "cpu" or session.world_size > 1:
+        return None
+    if steps is not None and not steps.eager:
+        return None  # every shape ran on a stored graph
+    root = steps.store.root if steps is not None and steps.store is not None else PackageStore().root
+    return build_in_background(compile_args(args, max(max_len, DEFAULT_COMPILE_MAX_LEN)), root)

@@ -1,10 +1,11 @@
-"""Compiled target steps: ``Transformer.step`` run through ``torch.compile``, one graph per bucket.
+"""Compiled target and draft steps (``Transformer.step``, a drafter's ``step``), one graph per bucket.
 
 Decode and verify calls (few tokens per row) are padded to a small set of shapes (rows, tokens
 per row, attention span) so one compiled graph serves every step of a bucket: positions, cache
 slots and the mask are data, and the span follows the context in powers of two, so attention
-costs what the real context needs, not the model's maximum. A stored graph (CPU) takes the span and
-the cache size as dynamic dimensions: one graph per rows and tokens serves them all. Padding tokens write to the cache's
+costs what the real context needs, not the model's maximum. A stored graph (CPU) takes the span
+and the cache size as dynamic dimensions: one graph per rows and tokens serves them all; under
+``torch.compile`` (CUDA graphs) each span is its own graph. Padding tokens write to the cache's
 scratch slot and are masked out; padding queries see key 0 only (a finite softmax). Prefill
 chunks (more tokens) stay eager.
 

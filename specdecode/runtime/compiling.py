@@ -12,12 +12,15 @@ More in docs/compiled.md.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import weakref
@@ -82,7 +85,7 @@ _SAMPLES = 4096  # elements read from each tensor for a module's identity
 # attention, the cache writes and the linear layers' kernels (``quant``, ``kernels``); the modules
 # these import within core are here too (tests/runtime/test_compiling.py checks). A change elsewhere
 # in core (continuous batching, the speculative cycle, sampling) leaves the stored graphs valid: a
-# server's 72 graphs took 23 minutes to build on 2 cores.
+# server's set of graphs takes minutes to build on 2 cores.
 TRACED_MODULES = ("attention", "compiled", "drafter", "kernels", "kvcache", "model", "quant")
 
 
@@ -280,16 +283,11 @@ def _tmpdir(path: str) -> Iterator[None]:
 @dataclass
 class PackageStore:
     """Compiled CPU graphs kept on disk (``core.compiled.GraphStore``): each bucket's step exported
-    (``torch.export``) and compiled ahead of time by AOTInductor with freezing into a package under
-    ``root/<weights identity>/``, which any later process on this machine loads in under a second.
-
-    Measured on a 2-core AVX2-only EPYC (SmolLM2-135M, bf16 + the GGUF's 4-bit weights, decode
-    step of one token over a 256-slot cache; an ad-hoc script): export 10 s, AOTInductor 75 s, the
-    package 155 MB (its own frozen copy of the weights), loaded in 0.4 s, 16-18 ms per call against
-    35-38 ms eager; float32 logits within 1.4e-5 of eager, the cache written in place. Through
-    ``torch.compile`` the same graph took 202 s cold (profiled) and 34 s from inductor's cache, as
-    dynamo, AOT autograd and freezing run again in every process (AOT autograd's cache refuses
-    frozen graphs)."""
+    (``torch.export``, the span and cache size dynamic) and compiled ahead of time by AOTInductor into
+    a package under ``root/<weights identity>/``, which any later process on this machine loads in
+    under a second: bound to the live weights or frozen (``binds_weights``). Through ``torch.compile``
+    a graph took 202 s cold and 34 s from inductor's cache on a 2-core EPYC, as dynamo, AOT autograd
+    and freezing run again in every process (docs/compiled.md)."""
 
     root: Path = field(default_factory=lambda: cache_root() / "graphs")
     log: Callable[[str], None] | None = None
@@ -469,6 +467,58 @@ def _record(where: Path) -> None:
     tmp.write_text(json.dumps({"code": code_identity(), "package_version": PACKAGE_VERSION,
                                "machine": machine_key(torch.get_num_threads())}, indent=1))
     os.replace(tmp, path)
+
+
+BUILD_LOCK = ".build.lock"  # in the graph store: held by the one process building into it
+BACKGROUND_ENV = "SPECDECODE_BACKGROUND_COMPILE"  # 0: a run never starts a build in the background
+
+
+@contextlib.contextmanager
+def build_lock(root: Path, wait: bool = True) -> Iterator[bool]:
+    """One building process per graph store (``specdecode compile``, in the foreground or the
+    background): yields True while this process holds the lock; False at once, holding nothing, when
+    another process holds it and ``wait`` is False. The lock goes with the process, however it ends."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / BUILD_LOCK, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def building(root: Path) -> bool:
+    """Whether another process is building into the store at ``root`` now."""
+    with build_lock(root, wait=False) as mine:
+        return not mine
+
+
+@dataclass(frozen=True)
+class BackgroundBuild:
+    pid: int | None  # None: not started (``why``)
+    why: str
+    log: Path | None = None
+
+
+def build_in_background(compile_args: list[str], root: Path) -> BackgroundBuild:
+    """Start ``specdecode compile COMPILE_ARGS --if-idle`` detached from this process (its own session:
+    it outlives the run that started it; output in ``root/build.log``), unless $SPECDECODE_BACKGROUND_COMPILE
+    is 0 or a build is running. Its graphs land whole (``PackageStore.build``), so a run that starts
+    meanwhile loads what is there and runs the rest eager."""
+    if os.environ.get(BACKGROUND_ENV, "1") == "0":
+        return BackgroundBuild(None, f"${BACKGROUND_ENV}=0")
+    if building(root):
+        return BackgroundBuild(None, f"another process is building into {root}")
+    log = root / "build.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specdecode.cli", "compile", *compile_args, "--if-idle"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return BackgroundBuild(proc.pid, "started", log)
 
 
 def graph_store(device: torch.device, log: Callable[[str], None] | None = None) -> PackageStore | None:

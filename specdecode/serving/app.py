@@ -94,7 +94,7 @@ CALIBRATION_CHAT = [{"role": "user", "content": "Explain in a few sentences how 
 def _warm(batcher: BatchEngine, max_len: int | None) -> None:
     """Compiled steps: every decode-step graph of the pool loaded (or, --compile on, built) now, for
     contexts up to ``max_len``; then nothing more compiles while serving (a shape not warmed runs eager:
-    on 2 CPU cores a target graph takes 1.5 minutes to build, which every running request would wait)."""
+    on 2 CPU cores a target graph takes about 35 s to build, which every running request would wait)."""
     steps = batcher.steps
     if not isinstance(steps, CompiledSteps):
         return

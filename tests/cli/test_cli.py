@@ -105,15 +105,25 @@ def test_generate_with_random_drafter_json_has_spec_fields():
     assert "EAGLE3 profile" in out.stderr and "Target verify" in out.stderr
 
 
-def test_a_run_without_stored_graphs_says_how_to_store_them(monkeypatch, capsys):
-    """A new user got eager steps and was never told that `specdecode compile` exists."""
+def test_a_run_without_stored_graphs_says_what_happens_next(monkeypatch, capsys, tmp_path):
+    """A new user got eager steps and was never told that `specdecode compile` exists: now the run says
+    its graphs are built in the background after it (and how to build them in the foreground), then
+    starts that build, detached, and says where its output goes."""
     from specdecode.cli.main import main
+    from specdecode.runtime import compiling
     from specdecode.runtime.compiling import PackageStore
 
     monkeypatch.setattr(PackageStore, "count", lambda self, model: 0)  # this machine has stored none
+    monkeypatch.setattr(compiling, "cache_root", lambda: tmp_path)  # the graph store's, not the kernel plans'
+    monkeypatch.setenv(compiling.BACKGROUND_ENV, "1")
+    started: list = []
+    monkeypatch.setattr(compiling, "build_in_background", lambda argv, root: started.append((argv, root))
+                        or compiling.BackgroundBuild(7, "started", root / "build.log"))
     assert main(["generate", "Hi", "--no-spec", "--max-new-tokens", "2"]) == 0
     err = " ".join(capsys.readouterr().err.split())
-    assert "the steps run eager" in err and "specdecode compile --compile-max-len 512" in err
+    assert "the steps run eager" in err and "built in the background" in err and "specdecode compile" in err
+    assert "building the graphs this run ran eager in the background (pid 7" in err and "build.log" in err
+    assert started == [(["--no-spec", "--compile-max-len", "1024"], tmp_path / "graphs")]
 
 
 def test_profile_of_a_plain_run_says_why_it_has_no_table():

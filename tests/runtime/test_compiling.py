@@ -354,3 +354,51 @@ def test_the_graph_store_stays_under_its_cap_least_recently_used_first(tmp_path,
     monkeypatch.setenv("SPECDECODE_GRAPH_CACHE_GB", "lots")
     with pytest.raises(ValueError, match="SPECDECODE_GRAPH_CACHE_GB"):
         PackageStore(tmp_path / "graphs")
+
+
+def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background(tmp_path, monkeypatch):
+    """`generate --compile auto` hands the shapes it ran eager to `specdecode compile` with its own flags,
+    started detached after the run; the store's lock lets one process build at a time (compile --if-idle
+    leaves at once, before loading anything, when another holds it); $SPECDECODE_BACKGROUND_COMPILE=0 and
+    a run that found every graph start nothing."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from specdecode.cli.common import compile_args
+    from specdecode.cli.generate import _build_missing
+    from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
+
+    args = build_parser().parse_args(["generate", "hi", "--weights", "int8", "--num-steps", "2", "--threads", "3",
+                                      "--max-new-tokens", "7"])
+    flags = compile_args(args, 512)
+    assert flags == ["--weights", "int8", "--threads", "3", "--num-steps", "2", "--compile-max-len", "512"]
+    assert build_parser().parse_args(["compile", *flags]).weights == "int8"  # compile takes every one of them
+    assert compile_args(build_parser().parse_args(["generate", "hi", "--no-spec"]), 600)[:1] == ["--no-spec"]
+
+    root = tmp_path / "graphs"
+    with compiling.build_lock(root) as mine:
+        assert mine and compiling.building(root)
+        with compiling.build_lock(root, wait=False) as second:
+            assert not second
+        monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+        assert main(["compile", "--if-idle", "--model", "/nonexistent.gguf"]) == 0  # left before loading the model
+        monkeypatch.setenv(compiling.BACKGROUND_ENV, "1")
+        assert "another process" in compiling.build_in_background(flags, root).why
+    assert not compiling.building(root)
+
+    started: list = []
+    monkeypatch.setattr(compiling.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw))
+                        or SimpleNamespace(pid=4242))
+    session = SimpleNamespace(compiled=CompiledSteps(store=PackageStore(root)), device=torch.device("cpu"),
+                              world_size=1)
+    auto = Namespace(**vars(args))
+    assert _build_missing(auto, session, 100) is None and not started  # every shape had a graph
+    session.compiled.eager[object()] = object()  # a shape ran eager
+    built = _build_missing(auto, session, 100)
+    assert built.pid == 4242 and built.log == root / "build.log"
+    argv, kw = started[0]
+    assert argv[1:4] == ["-m", "specdecode.cli", "compile"] and argv[-1] == "--if-idle" and kw["start_new_session"]
+    assert argv[4:-1] == compile_args(args, DEFAULT_COMPILE_MAX_LEN)  # the run's flags, at least compile's length
+    monkeypatch.setenv(compiling.BACKGROUND_ENV, "0")
+    assert _build_missing(auto, session, 100).pid is None and len(started) == 1
+    assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100) is None
