@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"profile: no speculative phases to time: this run decoded plain ({decoder.description}); "
                   f"{step_ms:.2f} ms a token after the first, {1000 * result.ttft_s:.0f} ms to the first. For the "
                   f"EAGLE-3 profile, {how}", style="yellow", markup=False, highlight=False, soft_wrap=True)
-    background = _build_missing(args, session, len(prompt_ids) + args.max_new_tokens)
+    background = _build_missing(args, session, len(prompt_ids) + args.max_new_tokens, decoder.config)
     record["background_compile"] = (asdict(background) | {"log": str(background.log) if background.log else None}
                                     if background is not None else None)
     if background is not None and background.pid is not None and not args.json:
@@ -153,10 +153,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_missing(args: argparse.Namespace, session: Any, max_len: int) -> Any:
+def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: Any) -> Any:
     """``--compile auto`` on CPU: when a step shape of this run had no stored graph, `specdecode compile`
     with this run's flags builds the missing ones in the background, after the run (on 2 cores a build
-    beside the decoding slows the decoding it is for), unless one is running. None: nothing to build."""
+    beside the decoding slows the decoding it is for), unless one is running. None: nothing to build.
+    The speculative ``shape`` this run decoded with (None: plain) is named, not chosen again: at 4 bits
+    auto's pick changed between two calibrations (docs/LOG.md, 2026-12-06 evening), and a set built for
+    another shape would leave this one eager."""
     from specdecode.runtime.compiling import PackageStore, build_in_background
     from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
 
@@ -166,4 +169,9 @@ def _build_missing(args: argparse.Namespace, session: Any, max_len: int) -> Any:
     if steps is not None and not steps.eager:
         return None  # every shape ran on a stored graph
     root = steps.store.root if steps is not None and steps.store is not None else PackageStore().root
-    return build_in_background(compile_args(args, max(max_len, DEFAULT_COMPILE_MAX_LEN)), root)
+    fixed = argparse.Namespace(**vars(args))
+    if shape is None:
+        fixed.no_spec = True
+    else:
+        fixed.num_steps, fixed.topk, fixed.num_draft_tokens = shape.num_steps, shape.topk, shape.num_draft_tokens
+    return build_in_background(compile_args(fixed, max(max_len, DEFAULT_COMPILE_MAX_LEN)), root)

@@ -566,9 +566,10 @@ class Precompiled:
 def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: SpecConfig | None, max_len: int,
                on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) every graph one request of up to ``max_len`` tokens needs: plain
-    decoding (``spec`` None), or EAGLE-3 with ``drafter`` and ``spec`` (verify, re-extend and tree
-    steps; the draft cache in both sizes a target cache size may come with). ``on_size(i, n)``
-    hears progress by cache size. ``steps`` must build (``build=True``) into a store."""
+    decoding, and with ``spec`` EAGLE-3 with ``drafter`` too (verify, re-extend and tree steps; the
+    draft cache in both sizes a target cache size may come with): ``--spec-config auto`` weighs a
+    shape against plain decoding, which must run on its graph then too. ``on_size(i, n)`` hears
+    progress by cache size. ``steps`` must build (``build=True``) into a store."""
     built0, loaded0 = _check_builds(steps)
     margin = spec.num_draft_tokens if spec is not None else 0  # a verified tree past the last new token
     context = model.config.max_position_embeddings
@@ -576,8 +577,8 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
     for i, size in enumerate(sizes):
         if on_size is not None:
             on_size(i, len(sizes))
+        steps.warm(model, None, 1, size - 1, None)
         if spec is None:
-            steps.warm(model, None, 1, size - 1, None)
             continue
         new = size - 1 - spec.num_draft_tokens  # the target's cache exactly this size, the draft's one bucket up
         extra = spec.num_steps * spec.topk

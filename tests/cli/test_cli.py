@@ -123,7 +123,7 @@ def test_a_run_without_stored_graphs_says_what_happens_next(monkeypatch, capsys,
     err = " ".join(capsys.readouterr().err.split())
     assert "the steps run eager" in err and "built in the background" in err and "specdecode compile" in err
     assert "building the graphs this run ran eager in the background (pid 7" in err and "build.log" in err
-    assert started == [(["--no-spec", "--compile-max-len", "1024"], tmp_path / "graphs")]
+    assert started == [(["--no-spec", "--compile-max-len", "1024"], tmp_path / "graphs")]  # the plain set
 
 
 def test_profile_of_a_plain_run_says_why_it_has_no_table():

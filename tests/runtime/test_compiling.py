@@ -392,13 +392,15 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     session = SimpleNamespace(compiled=CompiledSteps(store=PackageStore(root)), device=torch.device("cpu"),
                               world_size=1)
     auto = Namespace(**vars(args))
-    assert _build_missing(auto, session, 100) is None and not started  # every shape had a graph
+    assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and not started  # every shape had a graph
     session.compiled.eager[object()] = object()  # a shape ran eager
-    built = _build_missing(auto, session, 100)
+    built = _build_missing(auto, session, 100, SpecConfig(2, 1, 3))
     assert built.pid == 4242 and built.log == root / "build.log"
     argv, kw = started[0]
     assert argv[1:4] == ["-m", "specdecode.cli", "compile"] and argv[-1] == "--if-idle" and kw["start_new_session"]
-    assert argv[4:-1] == compile_args(args, DEFAULT_COMPILE_MAX_LEN)  # the run's flags, at least compile's length
+    # the run's flags and the shape it decoded with (not auto's pick again), at least compile's length
+    assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3})),
+                                      DEFAULT_COMPILE_MAX_LEN)
     monkeypatch.setenv(compiling.BACKGROUND_ENV, "0")
-    assert _build_missing(auto, session, 100).pid is None and len(started) == 1
-    assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100) is None
+    assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)).pid is None and len(started) == 1
+    assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None
