@@ -82,6 +82,7 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specdecode.core.compiled import GraphKey
+    from specdecode.runtime.autospec import cycle_costs
     from specdecode.runtime.compiling import precompile, precompile_pool
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
@@ -97,6 +98,7 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
     what = "attention spans" if batch is not None else "cache sizes"
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(what),
                TimeElapsedColumn(), TextColumn("{task.fields[graph]}"))
+    drafter = getattr(decoder.decode, "drafter", None)
     t0 = time.perf_counter()
     with Progress(*columns, console=err) as progress:
         task = progress.add_task("compiling", total=None, graph="")
@@ -114,8 +116,12 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
         if batch is not None:
             done = precompile_pool(session.compiled, session.loaded, decoder.decode, batch, args.max_len, on_size)
         else:
-            drafter = getattr(decoder.decode, "drafter", None)
             done = precompile(session.loaded.model, steps, drafter, decoder.config, args.max_len, on_size)
+    if done.built and drafter is not None and decoder.drafter_path is not None:
+        # --spec-config auto's costs are keyed on the stored graphs: timed now on the new set, a later run
+        # finds them cached instead of timing them before its first token
+        _, how, _ = cycle_costs(session, drafter, decoder.drafter_path, log=notice)
+        err.print(f"speculative cycle costs with these graphs: {how}", markup=False, highlight=False)
     err.print(f"[bold]{len(done.built)} graphs built[/], {done.loaded} already stored, for {what} of "
               f"{', '.join(map(str, done.sizes))} tokens, in {time.perf_counter() - t0:.0f} s; "
               f"{done.disk_bytes / 1e9:.2f} GB in {', '.join(map(str, done.dirs))}")

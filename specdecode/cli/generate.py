@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from specdecode.cli.commands import SUBCOMMANDS
@@ -68,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"compiled steps: {session.compile_reason}", markup=False, highlight=False)
         elif args.compile == "auto" and session.device.type == "cpu":  # the first run: say what happens next
             err.print("note: the steps run eager: no compiled steps are stored for this model on this machine. After "
-                      "this run they are built in the background (about 1.5 minutes on 2 cores; "
+                      "this run they are built in the background, and the cycle costs --spec-config auto chooses "
+                      "from are timed on them (about 2 minutes on 2 cores; "
                       f"${BACKGROUND_ENV}=0 turns that off, `specdecode compile` builds them in the foreground); "
                       "later runs load them in seconds and decode faster (benchmarks/results/q4-speculation/: eager "
                       "EAGLE-3 at 0.60x of compiled plain decoding)", style="yellow", markup=False, highlight=False,
                       soft_wrap=True)
+    if _builds_after(args, session) and session.compiled is None:  # a first run: time the cycle costs later
+        spec = replace(spec, defer_costs=True)
     decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
     if decoder.choice is not None and not args.json:
         err.print(decoder.choice.summary(), markup=False, highlight=False)
@@ -153,6 +157,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _builds_after(args: argparse.Namespace, session: Any) -> bool:
+    """Whether this run's missing graphs are built after it (``_build_missing``), that build timing the
+    cycle costs too: ``--compile auto`` on one CPU process, $SPECDECODE_BACKGROUND_COMPILE not 0."""
+    from specdecode.runtime.compiling import BACKGROUND_ENV
+
+    return (args.compile == "auto" and session.device.type == "cpu" and session.world_size == 1
+            and os.environ.get(BACKGROUND_ENV, "1") != "0")
+
+
 def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: Any) -> Any:
     """``--compile auto`` on CPU: when a step shape of this run had no stored graph, `specdecode compile`
     with this run's flags builds the missing ones in the background, after the run (on 2 cores a build
@@ -164,7 +177,7 @@ def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: 
     from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
 
     steps = session.compiled
-    if args.compile != "auto" or session.device.type != "cpu" or session.world_size > 1:
+    if not _builds_after(args, session):
         return None
     if steps is not None and not steps.eager:
         return None  # every shape ran on a stored graph

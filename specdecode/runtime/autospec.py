@@ -60,7 +60,8 @@ class SpecChoice:
     """The shape a decoder runs and how it was decided (recorded by ``--json``, bench and serve)."""
 
     config: SpecConfig
-    how: str  # auto (measured) | flags (every field given) | static (SpecConfig() under the flags) | fallback
+    # auto (measured) | flags (every field given) | static (SpecConfig() under the flags) | fallback | deferred
+    how: str
     reason: str
     # auto only: every shape is predicted slower than plain decoding (the factory then decodes plain
     # unless the caller insists on speculation: a bench method named eagle3, shape flags)
@@ -211,9 +212,16 @@ def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
     return costs, f"measured in {seconds:.1f} s, cached in {path}", seconds
 
 
+# What a run that defers the timing (``choose_spec(defer=True)``) decodes with until the costs are measured: the
+# cheapest speculative cycle (one draft step, a verify of 2 tokens); at 4 bits the shape auto picked most often.
+DEFERRED_SHAPE = SpecConfig(1, 1, 2)
+
+
 def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Drafter, drafter_path: str | None,
-                log: Callable[[str], None] | None = None) -> SpecChoice:
-    """The shape to decode with (see the module doc)."""
+                log: Callable[[str], None] | None = None, defer: bool = False) -> SpecChoice:
+    """The shape to decode with (see the module doc). ``defer``: where the cycle costs of this setting are
+    not cached yet, decode ``DEFERRED_SHAPE`` (or the static shape under the flags given) instead of timing
+    them before the first token (a first run, whose background build times them: ``specdecode compile``)."""
     t0 = time.perf_counter()
     if isinstance(request, SpecConfig):
         return SpecChoice(request, "static", "--spec-config static: SpecConfig() under the flags given")
@@ -230,6 +238,10 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
     if not shapes:
         return SpecChoice(request.static(), "fallback",
                           f"no measured candidate shape has {request.fields()}: SpecConfig() under the flags given")
+    if defer and not costs_path(costs_key(session, drafter, drafter_path or "")).exists():  # type: ignore[arg-type]
+        shape = request.static() if request.fields() else DEFERRED_SHAPE
+        return SpecChoice(shape, "deferred", "no cycle costs measured for this setting yet, so the cheapest "
+                          "speculative cycle until the build that follows this run times them")
     costs, source, measured = cycle_costs(session, drafter, drafter_path or "", log)
     ranked = best_shape(shapes, table, costs)
     if not ranked:

@@ -37,6 +37,9 @@ class DecoderSpec:
     # auto may decode plain where every shape is predicted slower; False insists on speculation
     # (a bench method named eagle3 measures speculation, whatever the prediction)
     allow_plain: bool = True
+    # auto without cached cycle costs: decode a cheap shape now rather than time them first (runtime.autospec
+    # DEFERRED_SHAPE; generate's first run, whose background build times them)
+    defer_costs: bool = False
 
 
 @dataclass
@@ -81,7 +84,8 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
         # the drafter's layers get kernels measured on their own shapes, as the target's did
         install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
         drafters[path].steps = session.loaded.model.steps  # compiled with the target, or eager with it
-    choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log)
+    choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log,
+                         defer=spec.defer_costs)
     if choice.plain_is_faster and spec.allow_plain:
         return Decoder(baseline_decode, "baseline (auto: no speculative shape is predicted faster here)",
                        choice=choice)

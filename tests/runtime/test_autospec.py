@@ -3,6 +3,7 @@ best over measured costs and the drafter's acceptance table, cached per setting;
 a drafter without a table falls back to SpecConfig(), saying why."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from specdecode.core.speculative import SpecConfig
 from specdecode.io.checkpoints import ACCEPTANCE_FILE, save_drafter, write_acceptance
 from specdecode.io.errors import DrafterMismatchError
 from specdecode.io.loading import LoadedModel
-from specdecode.runtime.autospec import choose_spec
+from specdecode.runtime.autospec import DEFERRED_SHAPE, choose_spec
 from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.session import RuntimeConfig, Session
 from tests.helpers import tiny_model
@@ -56,6 +57,21 @@ def test_auto_picks_the_best_prediction_and_caches_the_costs(setup):
     assert again.config == first.config  # same costs, same table: same choice
     d = again.to_dict()
     assert d["predicted_speedup"] == pytest.approx(first.prediction.speedup, rel=1e-3) and "acceptance" in d
+
+
+def test_a_deferred_choice_decodes_the_cheap_shape_until_the_costs_are_cached(setup):
+    """A first run (generate, its graphs built after it) does not time the cycle costs before its first
+    token: without cached costs it decodes DEFERRED_SHAPE (the flags' static shape where flags were
+    given) and says why; once the costs are cached, the deferring run chooses by them like any other."""
+    session, drafter, path = setup
+    first = choose_spec(AutoSpec(), session, drafter, path, defer=True)
+    assert first.how == "deferred" and first.config == DEFERRED_SHAPE and first.costs is None
+    assert "no cycle costs measured" in first.summary() and not (Path(os.environ["SPECDECODE_CACHE"])
+                                                                  / "spec-costs").exists()
+    assert choose_spec(AutoSpec(num_steps=3), session, drafter, path, defer=True).config.num_steps == 3
+    measured = choose_spec(AutoSpec(), session, drafter, path)  # what the build after the run does
+    later = choose_spec(AutoSpec(), session, drafter, path, defer=True)
+    assert later.how == "auto" and later.costs_source.startswith("cached") and later.config == measured.config
 
 
 def test_flags_are_kept_and_the_rest_chosen(setup):

@@ -402,5 +402,5 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3})),
                                       DEFAULT_COMPILE_MAX_LEN)
     monkeypatch.setenv(compiling.BACKGROUND_ENV, "0")
-    assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)).pid is None and len(started) == 1
+    assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and len(started) == 1
     assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None
