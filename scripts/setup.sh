@@ -16,3 +16,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "${PIP[@]}" -e ".[all,test,dev]"
     touch "$stamp"
 fi
+# the native CPU kernels, built once here rather than at the first run (runtime/native.py; about a minute on 2 cores)
+.venv/bin/python -c "from specdecode.runtime.native import load_native; print('native CPU kernels:', load_native(print) or 'ready')"
