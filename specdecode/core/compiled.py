@@ -229,13 +229,16 @@ class CompiledSteps:
         key = GraphKey(Bp, Tp, Sp_key, kind, cache_shape, id(owner))
         args = (tokens, positions, slots, mask, view.k, view.v, *extra)
         fn = self.graphs.get(key)
+        building = self.compile and self.build
+        if fn is None and not building:  # a shape already found unstored: no look at the store each step
+            fn = self.eager.get(key)
         if fn is None and self.compile and self.store is not None:
             fn = self.store.load(owner, key, make())
             if fn is not None:
                 self.graphs[key] = fn
                 self.loaded.append(key)
-        if fn is None and (not self.compile or not self.build):
-            fn = self.eager.get(key) or self.eager.setdefault(key, make())
+        if fn is None and not building:
+            fn = self.eager[key] = make()
         if fn is None:
             if self.on_compile is not None:
                 self.on_compile(key, None)
