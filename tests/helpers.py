@@ -7,10 +7,12 @@ import copy
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import torch
 
 from specdecode.core.model import ModelConfig, Transformer
+from specdecode.core.profiler import CycleRecord
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -77,3 +79,43 @@ def perturbed(model, scale, seed):
         for p in other.parameters():
             p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
     return other
+
+
+@dataclass
+class Step:
+    """What one step of a request alone gave: its new tokens and, for a speculative step, its cycle."""
+
+    tokens: list[int]
+    cycle: CycleRecord | None = None
+
+
+def decode_steps(target, drafter, prompt, max_new_tokens, sampling, generator=None, config=None, policy=None):
+    """A request alone through the engine (``Engine.batch_for``: a batch of one row), step by step: the
+    first token, then one ``Step`` per decode step (a cycle when ``drafter`` is given, with ``config``'s
+    shape, re-chosen by ``policy`` after each cycle); no stop tokens. ``generator``: the request's draws."""
+    from specdecode.core.engine import Engine, baseline_decode
+    from specdecode.core.requests import GenerateOptions, TokenIdsOnly
+    from specdecode.core.speculative import Eagle3Decoder
+
+    decoder = baseline_decode if drafter is None else Eagle3Decoder(
+        drafter, config, adapt=(lambda: policy) if policy is not None else None)
+    options = GenerateOptions(max_new_tokens=max_new_tokens, sampling=sampling, stop_token_ids=())
+    batch = Engine(target, TokenIdsOnly(()), decoder).batch_for(len(prompt), options)
+    with torch.inference_mode():  # as Engine.stream
+        batch.add(0, prompt, options, generator)
+    report = batch.step(decode=False)
+    yield Step([t for _, chunk in report.events for t in chunk.token_ids])
+    while not report.finished:
+        report = batch.step()
+        cycles = report.cycle_records()
+        yield Step([t for _, chunk in report.events for t in chunk.token_ids], cycles[0] if cycles else None)
+
+
+def plain_steps(model, prompt, max_new_tokens, sampling, generator=None):
+    """Plain decoding of a request alone, step by step (``decode_steps`` without a drafter)."""
+    return decode_steps(model, None, prompt, max_new_tokens, sampling, generator)
+
+
+def eagle3_steps(target, drafter, prompt, max_new_tokens, sampling, generator, config, policy=None):
+    """EAGLE-3 decoding of a request alone, cycle by cycle (``decode_steps``)."""
+    return decode_steps(target, drafter, prompt, max_new_tokens, sampling, generator, config, policy)

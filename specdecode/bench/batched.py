@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from specdecode.core.batching import BatchConfig, BatchEngine, SpecPolicyName
-from specdecode.core.engine import GenerateOptions
+from specdecode.core.batching import BatchConfig, BatchEngine
 from specdecode.core.profiler import SpecProfile
+from specdecode.core.requests import GenerateOptions
+from specdecode.core.specpolicy import SpecPolicyName
 from specdecode.runtime.decoders import Decoder
 from specdecode.runtime.session import Session
 

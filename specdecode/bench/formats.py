@@ -18,10 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.engine import Engine
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.model import Transformer
 from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS
+from specdecode.core.requests import GenerateOptions
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start
 from specdecode.runtime.weights import WEIGHT_FORMATS

@@ -25,8 +25,9 @@ from specdecode.bench.output import Method, RunOutput
 from specdecode.core.compiled import CompiledSteps, use_steps
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
-from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder
+from specdecode.core.engine import Engine, TokenDecoder
 from specdecode.core.model import StepRunner
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.autospec import SPEC_MODES, SpecChoice

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from specdecode.core.batching import BatchConfig, SpecPolicyName, generate_all
-from specdecode.core.engine import GenerateOptions
+from specdecode.core.batching import BatchConfig, generate_all
 from specdecode.core.model import Transformer
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.sampling import SamplingParams
+from specdecode.core.specpolicy import SpecPolicyName
 from specdecode.core.speculative import Drafter, SpecConfig
 
 

@@ -164,7 +164,7 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
     from specdecode.bench.harness import run_fingerprint
     from specdecode.bench.store import ResultsStore, Run, new_run_id, now
     from specdecode.cli.common import runtime_config, save_and_report
-    from specdecode.core.batching import SPEC_POLICIES
+    from specdecode.core.specpolicy import SPEC_POLICIES
     from specdecode.io.prompts import encode_prompt
     from specdecode.runtime.decoders import DecoderSpec, build_decoder
     from specdecode.runtime.session import on_passing_thread, start

@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specdecode.core.engine import Engine, GenerateOptions, StreamChunk
+    from specdecode.core.engine import Engine
     from specdecode.core.profiler import format_profile
+    from specdecode.core.requests import GenerateOptions, StreamChunk
     from specdecode.runtime.compiling import BACKGROUND_ENV
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start

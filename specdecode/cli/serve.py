@@ -11,8 +11,9 @@ from dataclasses import replace
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, add_spec_args, compile_notice, decoder_spec, notice, runtime_config
-from specdecode.core.batching import SPEC_POLICIES, BatchConfig
+from specdecode.core.batching import BatchConfig
 from specdecode.core.prefixcache import BLOCK
+from specdecode.core.specpolicy import SPEC_POLICIES
 from specdecode.serving.config import ServeConfig
 
 _DEFAULTS = ServeConfig()

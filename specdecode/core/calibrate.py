@@ -7,16 +7,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from itertools import islice
 
 import torch
 
 from specdecode.core.costmodel import CycleCosts, ShapeCost, shape_key
-from specdecode.core.engine import baseline_decode
+from specdecode.core.engine import Engine
 from specdecode.core.model import Transformer
 from specdecode.core.profiler import CycleRecord
-from specdecode.core.sampling import SamplingParams
-from specdecode.core.speculative import Drafter, SpecConfig, eagle3_decode, extend_draft
+from specdecode.core.requests import GenerateOptions, TokenIdsOnly
+from specdecode.core.speculative import Drafter, Eagle3Decoder, SpecConfig, extend_draft
 
 BASELINE_EVERY = 4  # shapes measured between two segments of plain steps
 BASELINE_STEPS = 6  # timed plain steps a segment
@@ -29,7 +28,8 @@ def _median_ms(values: Sequence[float]) -> float:
 def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: int, warmup: int = 2) -> list[float]:
     """Seconds between plain decode steps (the prefill and ``warmup`` steps excluded)."""
     times, last = [], 0.0
-    for i, _ in enumerate(baseline_decode(target, prompt_ids, steps + warmup + 1, SamplingParams())):
+    options = GenerateOptions(max_new_tokens=steps + warmup + 1, stop_token_ids=())
+    for i, _ in enumerate(Engine(target, TokenIdsOnly(())).stream(prompt_ids, options)):
         synchronize(target.device)  # the token is read on the host anyway; a no-op on CPU
         now = time.perf_counter()
         if i > warmup:
@@ -40,10 +40,13 @@ def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: i
 
 def shape_cycles(target: Transformer, drafter: Drafter, shape: SpecConfig, prompt_ids: Sequence[int],
                  cycles: int, warmup: int = 1) -> list[CycleRecord]:
-    """``cycles`` real cycles of ``shape`` (greedy) after ``warmup``."""
-    budget = (cycles + warmup + 1) * (shape.max_depth + 1) + 1
-    steps = eagle3_decode(target, drafter, prompt_ids, budget, SamplingParams(), None, shape)  # phases synced on CUDA
-    records = [s.cycle for s in islice(steps, 1, cycles + warmup + 1) if s.cycle is not None][warmup:]
+    """``cycles`` real cycles of ``shape`` (greedy) after ``warmup``, each with its phase times."""
+    options = GenerateOptions(max_new_tokens=(cycles + warmup + 1) * (shape.max_depth + 1) + 1, stop_token_ids=())
+    batch = Engine(target, TokenIdsOnly(()), Eagle3Decoder(drafter, shape)).batch_for(len(prompt_ids), options)
+    with torch.inference_mode():  # as Engine.stream
+        batch.add(0, prompt_ids, options)
+    batch.step(decode=False)
+    records = [r for _ in range(cycles + warmup) for r in batch.step().cycle_records()][warmup:]
     if not records:
         raise RuntimeError(f"no speculative cycle ran for shape {shape_key(shape)}")
     return records

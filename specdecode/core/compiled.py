@@ -27,10 +27,10 @@ import torch
 import torch._dynamo
 from torch import Tensor, nn
 
-from specdecode.core.engine import check_context
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import StepRunner, Transformer
-from specdecode.core.speculative import SpecConfig, spec_cache_sizes
+from specdecode.core.requests import check_context
+from specdecode.core.speculative import SpecConfig
 
 COMPILE_MODES = ("auto", "on", "off")
 ROW_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # capped by the pool's rows
@@ -292,19 +292,20 @@ class CompiledSteps:
 
     def warm(self, model: Transformer, drafter: Any, prompt_len: int, max_new_tokens: int,
              spec: SpecConfig | None) -> int:
-        """Compile now every graph a request of ``prompt_len`` tokens and ``max_new_tokens`` needs
-        (plain decoding, or EAGLE-3 with ``spec``: verify, re-extend, tree steps), on scratch caches
-        of the sizes its own caches will have; returns how many graphs were compiled. A benchmark
-        calls it before timing, so no measured request waits for the compiler."""
+        """Compile now every graph a request alone of ``prompt_len`` tokens and ``max_new_tokens`` needs
+        (plain decoding, or EAGLE-3 with ``spec``: verify, re-extend, tree steps), on scratch caches of the
+        sizes its own will have (a batch of one row, ``core.engine.Engine.batch_for``), for every span it
+        reaches; returns how many graphs were compiled. A benchmark calls it before timing, so no measured
+        request waits for the compiler."""
         before = len(self.compiled)
+        need = check_context(prompt_len, max_new_tokens, model.config.max_position_embeddings,
+                             spec.margin if spec else 0)
         with torch.inference_mode():
-            if spec is None:
-                cache = model.new_cache(1, check_context(model, prompt_len, max_new_tokens))
-                self.warm_rows(model, None, cache, None, cache.max_len, None, ())
-            else:
-                size, dsize = spec_cache_sizes(model, prompt_len, max_new_tokens, [spec])
-                cache = model.new_cache(1, size)
-                self.warm_rows(model, drafter, cache, drafter.new_cache(dsize), cache.max_len, spec, None)
+            pool = model.new_cache(1, need)
+            dpool = drafter.new_cache(need + spec.draft_scratch) if spec is not None else None
+            for span in span_buckets(need, pool.max_len):
+                self.warm_rows(model, drafter, pool.rows(0, 1), dpool.rows(0, 1) if dpool is not None else None,
+                               span, spec, () if spec is None else None)
         return len(self.compiled) - before
 
     def warm_rows(self, model: Transformer, drafter: Any, cache: KVCache, dcache: KVCache | None, span: int,

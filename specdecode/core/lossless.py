@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from specdecode.core.engine import Engine, GenerateOptions, TokenDecoder, Tokenizer, baseline_decode
+from specdecode.core.engine import Engine, TokenDecoder, baseline_decode
 from specdecode.core.model import Transformer
+from specdecode.core.requests import GenerateOptions, Tokenizer
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 

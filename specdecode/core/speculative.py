@@ -1,8 +1,9 @@
 """EAGLE-3 speculative decoding: draft -> verify -> accept -> re-extend.
 
-Each phase is a function with typed inputs and outputs; the loop in ``eagle3_decode``
-only wires them together. Index conventions (n = tokens in the target cache at the
-start of a cycle; the root is the last accepted token, not yet in the target cache):
+Each phase is a function with typed inputs and outputs; ``spec_cycle`` wires them into one
+cycle over a batch of rows, and ``core.batching.BatchEngine`` is the one loop that runs it.
+Index conventions (n = tokens in the target cache at the start of a cycle; the root is the last
+accepted token, not yet in the target cache):
 
 - target: the root sits at position n, a tree node of depth d at position n + d;
 - draft: slot/position i holds the pair (target hidden at position i, token at i+1),
@@ -15,7 +16,7 @@ The tree follows EAGLE-2 with SGLang's parameters: ``num_steps`` (depth), ``topk
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -23,7 +24,6 @@ import torch
 from torch import Tensor
 
 from specdecode.core.attention import rows_mask
-from specdecode.core.engine import DecodeStep, check_context
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
@@ -77,6 +77,22 @@ class SpecConfig:
     @property
     def max_depth(self) -> int:
         return min(self.num_steps, self.num_draft_tokens - 1)
+
+    @property
+    def margin(self) -> int:
+        """Target cache slots a verify writes past a row's tokens: its tree (the root included)."""
+        return self.num_draft_tokens
+
+    @property
+    def draft_scratch(self) -> int:
+        """Draft cache slots past a row's pairs: the tree levels' entries, and the scratch slot that
+        padding of a batched re-extend writes."""
+        return self.num_steps * self.topk + 1
+
+
+def spec_margin(shapes: Sequence[SpecConfig]) -> int:
+    """Target cache slots past a row's tokens that decoding with any of ``shapes`` needs (0: plain)."""
+    return max((s.margin for s in shapes), default=0)
 
 
 class AuxLayerConfig(Protocol):
@@ -444,72 +460,28 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
                        clock.finish())
 
 
-# ---------------------------------------------------------------- a request alone
+# ---------------------------------------------------------------- what to decode with
 
-def spec_cache_sizes(target: Transformer, prompt_len: int, max_new_tokens: int,
-                     shapes: Sequence[SpecConfig]) -> tuple[int, int]:
-    """A request's target and draft cache sizes for the shapes it may decode with (the target's
-    holds a verified tree past the new tokens, the draft's a tree's scratch entries)."""
-    size = check_context(target, prompt_len, max_new_tokens, margin=max(s.num_draft_tokens for s in shapes))
-    return size, size + max(s.num_steps * s.topk for s in shapes)
-
-
-@torch.inference_mode()
-def eagle3_decode(target: Transformer, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
-                  sampling: SamplingParams, generator: torch.Generator | None, config: SpecConfig,
-                  sync: bool = True, comm: TimeMeter | None = None,
-                  policy: ShapePolicy | None = None) -> Generator[DecodeStep, None, None]:
-    """One request: prefill, then ``spec_cycle`` over a batch of one row; ``policy`` (optional)
-    re-chooses the shape after every cycle."""
-    aux = drafter.config.aux_layer_ids
-    size, dsize = spec_cache_sizes(target, len(prompt_ids), max_new_tokens,
-                                   [config, *(policy.shapes if policy else ())])
-    tcache = target.new_cache(1, size)
-    dcache = drafter.new_cache(dsize)
-    clock = PhaseClock(target.device, sync, comm)
-    row = SpecRow(sampling=sampling, generator=generator)
-
-    clock.start()
-    logits = prefill(target, tcache, row, prompt_ids, len(prompt_ids), aux)
-    start_draft(drafter, dcache, row, int(sample(logits, sampling, generator)))
-    yield DecodeStep([row.root], prefill_s=clock.finish()["total"])
-
-    produced = 1
-    while produced < max_new_tokens:
-        cycle = spec_cycle(target, drafter, tcache, dcache, [row], config, clock)
-        new_tokens, record = cycle.tokens[0], cycle.records[0]
-        produced += len(new_tokens)
-        yield DecodeStep(new_tokens, CycleRecord(record.drafted, record.accepted, cycle.times))
-        if policy is not None:
-            config = policy.record(config, record.accepted)
-
-
+@dataclass(eq=False)
 class Eagle3Decoder:
-    """An ``Engine`` decoder: EAGLE-3 with a given drafter and tree configuration."""
+    """What an ``Engine`` decodes with: EAGLE-3 with ``drafter`` and a tree shape. The loop that runs it
+    is the batch engine's (``core.batching.BatchEngine``: a request alone is a batch of one row)."""
 
-    def __init__(self, drafter: Drafter, config: SpecConfig = SpecConfig(), sync: bool = True,
-                 comm: TimeMeter | None = None, adapt: Callable[[], ShapePolicy] | None = None) -> None:
-        self.drafter = drafter
-        self.config = config  # the first cycle's shape (every cycle's without ``adapt``)
-        self.sync = sync
-        self.comm = comm  # tensor parallelism: all-reduce time becomes its own phase
-        self.adapt = adapt  # a new shape policy per request (``core.costmodel.AdaptiveShape``)
-        self.policies: list[ShapePolicy] = []  # the last request's policy (what it chose), for reports
+    drafter: Drafter
+    config: SpecConfig = field(default_factory=SpecConfig)  # the first cycle's shape (every cycle's without adapt)
+    sync: bool = True  # CUDA: synchronize at phase boundaries (honest phase times)
+    comm: TimeMeter | None = None  # tensor parallelism: all-reduce time becomes its own phase
+    adapt: Callable[[], ShapePolicy] | None = None  # a new shape policy per request (core.costmodel.AdaptiveShape)
 
     @property
     def spec(self) -> SpecConfig:
-        """The shape continuous batching runs this decoder's requests with (``core.batching``)."""
         return self.config
 
     @property
-    def max_depth(self) -> int:
-        if self.adapt is None:
-            return self.config.max_depth
-        return max([self.config.max_depth, *(s.max_depth for s in self.adapt().shapes)])
+    def shapes(self) -> list[SpecConfig]:
+        """Every shape a request may decode with (caches are sized for the largest)."""
+        return [self.config, *(self.adapt().shapes if self.adapt else ())]
 
-    def __call__(self, target: Transformer, prompt_ids: Sequence[int], max_new_tokens: int,
-                 sampling: SamplingParams, generator: torch.Generator | None) -> Generator[DecodeStep, None, None]:
-        policy = self.adapt() if self.adapt else None
-        self.policies = [policy] if policy else []
-        return eagle3_decode(target, self.drafter, prompt_ids, max_new_tokens, sampling, generator,
-                             self.config, self.sync, self.comm, policy)
+    @property
+    def max_depth(self) -> int:
+        return max(s.max_depth for s in self.shapes)

@@ -36,7 +36,7 @@ from torch import nn
 
 import specdecode.core as core_package
 from specdecode.core.attention import NATIVE_ATTENTION, NATIVE_ATTENTION_AVX512
-from specdecode.core.batching import BatchableDecoder, BatchConfig, BatchEngine
+from specdecode.core.batching import BatchConfig, BatchEngine
 from specdecode.core.compiled import (
     INDUCTOR_OPTIONS,
     CompiledSteps,
@@ -45,6 +45,7 @@ from specdecode.core.compiled import (
     span_buckets,
     use_steps,
 )
+from specdecode.core.engine import TokenDecoder
 from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
 from specdecode.core.quant import weight_format as layers_format
@@ -571,7 +572,7 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
     shape against plain decoding, which must run on its graph then too. ``on_size(i, n)`` hears
     progress by cache size. ``steps`` must build (``build=True``) into a store."""
     built0, loaded0 = _check_builds(steps)
-    margin = spec.num_draft_tokens if spec is not None else 0  # a verified tree past the last new token
+    margin = spec.margin if spec is not None else 0
     context = model.config.max_position_embeddings
     sizes = span_buckets(max_len + margin, context)
     for i, size in enumerate(sizes):
@@ -580,9 +581,8 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
         steps.warm(model, None, 1, size - 1, None)
         if spec is None:
             continue
-        new = size - 1 - spec.num_draft_tokens  # the target's cache exactly this size, the draft's one bucket up
-        extra = spec.num_steps * spec.topk
-        for n in (new, new - extra):  # ... and the draft's this size
+        new = size - 1 - spec.margin  # the target's cache exactly this size, the draft's one bucket up
+        for n in (new, new - spec.draft_scratch):  # ... and the draft's this size
             if n >= 1:
                 steps.warm(model, drafter, 1, n, spec)
     if on_size is not None:
@@ -590,17 +590,14 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
     return _precompiled(steps, (model, drafter), built0, loaded0, sizes)
 
 
-def precompile_pool(steps: CompiledSteps | None, loaded: LoadedModel, decode: Any, batch: BatchConfig, max_len: int,
-                    on_size: Callable[[int, int], None] | None = None) -> Precompiled:
+def precompile_pool(steps: CompiledSteps | None, loaded: LoadedModel, decode: TokenDecoder, batch: BatchConfig,
+                    max_len: int, on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) the graphs ``serve`` runs with ``decode`` and ``batch``
     (``BatchEngine.warm``) with ``steps`` (a session's): every batch size bucket up to the slots,
     attention spans up to ``max_len``. ``on_size(i, n)`` hears progress by span."""
     if steps is None:
         raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
     built0, loaded0 = _check_builds(steps)
-    if not isinstance(decode, BatchableDecoder):
-        raise ValueError("this decoder is served one request at a time, not in a batch: `specdecode compile` "
-                         "without --serve builds its graphs")
     model = loaded.model
     with use_steps((model, decode.drafter), steps):  # installed for this call (the session's already are)
         engine = BatchEngine(model, loaded.tokenizer, decode.drafter, decode.spec, batch)

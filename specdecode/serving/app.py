@@ -16,28 +16,25 @@ import copy
 import hmac
 import logging
 import time
+from dataclasses import replace
 from functools import partial
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from specdecode.core.batching import (
-    CALIBRATION_ROUNDS,
-    CALIBRATION_SPREAD,
-    BatchableDecoder,
-    BatchConfig,
-    BatchEngine,
-)
+from specdecode.core.batching import BatchConfig, BatchEngine
 from specdecode.core.compiled import CompiledSteps
-from specdecode.core.engine import Engine, TokenDecoder
+from specdecode.core.engine import TokenDecoder
+from specdecode.core.specpolicy import CALIBRATION_ROUNDS, CALIBRATION_SPREAD, SpecPolicyName
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import CLIENT_CLOSED, APIError, install_error_handlers, shutting_down
 from specdecode.serving.handlers import ServerState, generate
 from specdecode.serving.metrics import Metrics, report_periodically
+from specdecode.serving.mirror import MirroredBatcher
 from specdecode.serving.responses import COUNT_KEY, EVENT_STREAM
-from specdecode.serving.scheduler import Batcher, Scheduler, SerialBatcher
+from specdecode.serving.scheduler import Batcher, Scheduler
 
 log = logging.getLogger(__name__)
 DEFAULT_BATCH = BatchConfig()
@@ -141,34 +138,35 @@ def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
                     ", ".join(f"{x:.1f}x" for x in disturbed.values()), CALIBRATION_ROUNDS)
 
 
+def make_batcher(loaded: LoadedModel, decoder: TokenDecoder, batch: BatchConfig, ranks: int = 1) -> BatchEngine:
+    """The batch engine a server runs (every rank its own under tensor parallelism, in lockstep: the spec policy
+    is then fixed, since a mode timed on one rank could differ on another)."""
+    if ranks > 1 and batch.spec_policy not in ("always", "never"):
+        policy: SpecPolicyName = "never" if decoder.spec is None else "always"
+        log.info("tensor parallel: spec policy %s (every rank must take the same mode each step)", policy)
+        batch = replace(batch, spec_policy=policy)
+    return BatchEngine(loaded.model, loaded.tokenizer, decoder.drafter, decoder.spec, batch, adapt=None,
+                       sync=decoder.sync, comm=decoder.comm)
+
+
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
-               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, engine=None,
+               log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, ranks: int = 1,
                batch: BatchConfig = DEFAULT_BATCH, compile_max_len: int | None = DEFAULT_COMPILE_MAX_LEN) -> FastAPI:
-    """The FastAPI app around one model and decoder; the worker starts with the app's lifespan.
-    The baseline and EAGLE-3 decoders run batched (``batch``: slots, tokens per slot, prefill
-    chunk, spec policy), their compiled graphs loaded or built first (``compile_max_len``); ``engine``:
-    anything with ``Engine.stream``'s signature to run one
-    request at a time instead (tensor parallel serving passes rank 0's ``tp.MirroredEngine``),
-    as does any other decoder."""
+    """The FastAPI app around one model and decoder; the worker starts with the app's lifespan. Requests
+    run batched (``batch``: slots, tokens per slot, prefill chunk, spec policy), the compiled graphs loaded
+    or built first (``compile_max_len``). ``ranks`` > 1: rank 0 of a tensor-parallel group, whose other
+    ranks mirror its batch (``serving.mirror``)."""
     model = loaded.model
-    metrics = Metrics(max_depth=getattr(decoder, "max_depth", 0))
-    batcher: Batcher
-    prepare = None
-    if engine is None and isinstance(decoder, BatchableDecoder):  # it says what it drafts with
-        batcher = BatchEngine(model, loaded.tokenizer, decoder.drafter, decoder.spec, batch)
-        calibration_ids = loaded.tokenizer.encode_chat(CALIBRATION_CHAT)
-        batcher.check_calibration(len(calibration_ids))  # before serving, not a failure behind a healthy /health
-        prepare = partial(_prepare, batcher, calibration_ids, compile_max_len)
-        context, margin = batcher.limit, batcher.margin
-        log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, prefix cache %d tokens "
-                 "(%.2f GB), spec policy %s", batch.slots, batcher.limit, batcher.pool_bytes() / 1e9,
-                 batcher.prefix_tokens, batcher.prefix_bytes() / 1e9, batcher.policy.name)
-    else:
-        batcher = SerialBatcher(engine or Engine(model, loaded.tokenizer, decoder), metrics.spec)
-        spec_config = getattr(decoder, "config", None)
-        context = model.config.max_position_embeddings
-        margin = getattr(spec_config, "num_draft_tokens", 0) or 0
+    metrics = Metrics(max_depth=decoder.max_depth)
+    engine = make_batcher(loaded, decoder, batch, ranks)
+    batcher: Batcher = MirroredBatcher(engine) if ranks > 1 else engine
+    calibration_ids = loaded.tokenizer.encode_chat(CALIBRATION_CHAT)
+    engine.check_calibration(len(calibration_ids))  # before serving, not a failure behind a healthy /health
+    prepare = partial(_prepare, engine, calibration_ids, compile_max_len)
+    log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, prefix cache %d tokens "
+             "(%.2f GB), spec policy %s", batch.slots, engine.limit, engine.pool_bytes() / 1e9,
+             engine.prefix_tokens, engine.prefix_bytes() / 1e9, engine.policy.name)
     state = ServerState(
         scheduler=Scheduler(batcher, metrics, max_queued, prepare),
         metrics=metrics,
@@ -177,8 +175,8 @@ def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: st
         tokenizer=copy.deepcopy(loaded.tokenizer),
         model_name=served_model_name,
         vocab_size=model.config.vocab_size,
-        context=context,
-        margin=margin,
+        context=engine.limit,
+        margin=engine.margin,
         api_key=api_key or None,
         max_body_bytes=max_body_bytes,
     )

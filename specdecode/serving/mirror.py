@@ -1,68 +1,87 @@
-"""`serve --tp N`: rank 0 receives requests; the other ranks mirror each job in lockstep."""
+"""`serve --tp N`: rank 0 receives requests; every rank runs the same batch engine, in lockstep.
+
+Rank 0 broadcasts each operation on its batch (a request added or removed, a step) before doing
+it, and the other ranks (``follow``) do the same operation on theirs: the same batch, the same
+shapes, the same all-reduces. A request's key stays on rank 0; the others know it by a number."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from specdecode.core.batching import BatchEngine, Finished, StepReport
+from specdecode.core.requests import GenerateOptions
 
-class MirroredEngine:
-    """Rank 0's engine under tensor parallelism when requests arrive on rank 0 only (`serve`):
-    each job is broadcast to the other ranks, which run the same stream in lockstep; before
-    every step rank 0 broadcasts whether to go on, so a job stopped early (a client that
-    went away) stops on every rank instead of leaving them waiting in an all-reduce."""
 
-    def __init__(self, engine) -> None:
+class MirroredBatcher:
+    """Rank 0's batch engine under tensor parallelism (a ``serving.scheduler.Batcher``)."""
+
+    def __init__(self, engine: BatchEngine) -> None:
         self.engine = engine
+        self._ids: dict[Hashable, int] = {}
+        self._next = 0
 
-    def stream(self, prompt_ids, options, profile=None):
+    @property
+    def active(self) -> int:
+        return self.engine.active
+
+    @property
+    def free_slots(self) -> int:
+        return self.engine.free_slots
+
+    def allocate(self) -> None:
+        self.engine.allocate()
+
+    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> int:
         options = pin_seed(options)  # every rank must draw the same samples
-        dist.broadcast_object_list([{"op": "job", "prompt_ids": list(prompt_ids), "options": options}], src=0)
-        steps = self.engine.stream(prompt_ids, options, profile)
-        try:
-            while True:
-                _broadcast_flag(1)
-                try:
-                    chunk = next(steps)
-                except StopIteration:
-                    return
-                yield chunk
-        finally:
-            _broadcast_flag(0)
-            steps.close()
+        self.engine.check(len(prompt_ids), options)  # refused here, before the other ranks hear of it
+        self._ids[key], self._next = self._next, self._next + 1
+        _send({"op": "add", "key": self._ids[key], "prompt_ids": list(prompt_ids), "options": options})
+        return self.engine.add(key, prompt_ids, options)
+
+    def remove(self, key: Hashable) -> Finished | None:
+        if key not in self._ids:
+            return None
+        _send({"op": "remove", "key": self._ids.pop(key)})
+        return self.engine.remove(key)
+
+    def step(self) -> StepReport:
+        _send({"op": "step"})
+        report = self.engine.step()
+        for done in report.finished:
+            self._ids.pop(done.key, None)
+        return report
 
     def shutdown(self) -> None:
-        dist.broadcast_object_list([{"op": "shutdown"}], src=0)
+        _send({"op": "shutdown"})
 
 
-def pin_seed(options):
+def pin_seed(options: GenerateOptions) -> GenerateOptions:
     """Sampling without a seed gets one (chosen here, on rank 0), so it can be shared."""
-    import random
-    from dataclasses import replace as dc_replace
-
     if options.sampling.greedy or options.sampling.seed is not None:
         return options
-    return dc_replace(options, sampling=dc_replace(options.sampling, seed=random.randrange(2**63)))
+    return replace(options, sampling=replace(options.sampling, seed=random.randrange(2**63)))
 
 
-def _broadcast_flag(value: int) -> int:
-    flag = torch.tensor([value], dtype=torch.int32)
-    dist.broadcast(flag, src=0)
-    return int(flag)
+def _send(message: dict[str, Any]) -> None:
+    dist.broadcast_object_list([message], src=0)
 
 
-def follow(engine) -> None:
-    """Ranks > 0 of `serve --tp N`: run the jobs rank 0 broadcasts until it shuts down."""
+def follow(engine: BatchEngine) -> None:
+    """Ranks > 0 of `serve --tp N`: do what rank 0 broadcasts, on ``engine``, until it shuts down."""
     while True:
-        message: list[Any] = [None]
-        dist.broadcast_object_list(message, src=0)
-        if message[0]["op"] != "job":
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        message = box[0]
+        if message["op"] == "add":
+            engine.add(message["key"], message["prompt_ids"], message["options"])
+        elif message["op"] == "remove":
+            engine.remove(message["key"])
+        elif message["op"] == "step":
+            engine.step()
+        else:
             return
-        steps = engine.stream(message[0]["prompt_ids"], message[0]["options"])
-        try:
-            while _broadcast_flag(0) == 1:
-                next(steps, None)  # rank 0 saw the same chunk (or the same end)
-        finally:
-            steps.close()

@@ -17,13 +17,12 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator, Hashable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from specdecode.core.batching import Finished, StepReport
-from specdecode.core.engine import Engine, GenerateOptions, StreamChunk
-from specdecode.core.profiler import SpecProfile
+from specdecode.core.requests import GenerateOptions, StreamChunk
 from specdecode.serving.config import DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import APIError, shutting_down
 from specdecode.serving.metrics import Metrics
@@ -71,8 +70,8 @@ class Job:
 
 
 class Batcher(Protocol):
-    """What the worker drives: ``core.batching.BatchEngine``, or ``SerialBatcher`` (one request
-    at a time through ``Engine.stream``, for tensor-parallel mirroring and custom decoders)."""
+    """What the worker drives: ``core.batching.BatchEngine``, or under tensor parallelism rank 0's
+    ``serving.mirror.MirroredBatcher`` around one."""
 
     @property
     def active(self) -> int: ...
@@ -89,60 +88,6 @@ class Batcher(Protocol):
     def remove(self, key: Hashable) -> Finished | None: ...
 
     def step(self) -> StepReport: ...
-
-
-class SerialBatcher:
-    """One request at a time through anything with ``Engine.stream``'s signature; each step is
-    one chunk of its stream. Speculative cycles go straight into ``profile``."""
-
-    def __init__(self, engine: Engine, profile: SpecProfile | None = None) -> None:
-        self.engine, self.profile = engine, profile
-        self._key: Hashable = None
-        self._stream: Iterator[StreamChunk] | None = None
-        self._generated = 0
-
-    @property
-    def active(self) -> int:
-        return int(self._stream is not None)
-
-    @property
-    def free_slots(self) -> int:
-        return 1 - self.active
-
-    def allocate(self) -> None:
-        """Nothing to allocate: ``Engine.stream`` makes each request's cache."""
-
-    def add(self, key: Hashable, prompt_ids: Sequence[int], options: GenerateOptions) -> int:
-        if self._stream is not None:
-            raise RuntimeError("the serial batcher runs one request at a time")
-        self._key, self._generated = key, 0
-        self._stream = self.engine.stream(prompt_ids, options, self.profile)
-        return 0  # no prefix cache: each request's cache is its own
-
-    def remove(self, key: Hashable) -> Finished | None:
-        if self._stream is None or key != self._key:
-            return None
-        self._close()
-        return Finished(key, "cancelled", self._generated, SpecProfile())
-
-    def step(self) -> StepReport:
-        report = StepReport()
-        if self._stream is None:
-            return report
-        t0 = time.perf_counter()
-        chunk = next(self._stream, None) or StreamChunk([], "", "length")
-        report.seconds, report.batch, report.tokens = time.perf_counter() - t0, 1, len(chunk.token_ids)
-        self._generated += len(chunk.token_ids)
-        report.events.append((self._key, chunk))
-        if chunk.finish_reason:
-            report.finished.append(Finished(self._key, chunk.finish_reason, self._generated, SpecProfile()))
-            self._close()
-        return report
-
-    def _close(self) -> None:
-        if isinstance(self._stream, Generator):  # Engine.stream's is: close it so its cleanup runs now
-            self._stream.close()
-        self._stream = None
 
 
 class Scheduler:

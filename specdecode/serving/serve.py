@@ -9,12 +9,11 @@ import re
 import socket
 from pathlib import Path
 
-from specdecode.core.engine import Engine
 from specdecode.runtime.decoders import Decoder
 from specdecode.runtime.session import Session
-from specdecode.serving.app import create_app, make_server
+from specdecode.serving.app import create_app, make_batcher, make_server
 from specdecode.serving.config import ServeConfig
-from specdecode.serving.mirror import MirroredEngine, follow
+from specdecode.serving.mirror import follow
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +56,25 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
     name = config.served_model_name or default_model_name(loaded.source)
     if config.api_key is None and not is_loopback(config.host):
         log.warning("listening on %s without an API key: anyone who can reach it can use it", config.host)
-    engine = Engine(loaded.model, loaded.tokenizer, decoder.decode, comm=session.comm)
-    if session.rank > 0:  # tensor parallel: only rank 0 listens; the others mirror its jobs
-        follow(engine)
-        return
     ranks = session.world_size
-    mirrored = MirroredEngine(engine) if ranks > 1 else None
+    if session.rank > 0:  # tensor parallel: only rank 0 listens; the others mirror its batch
+        follow(make_batcher(loaded, decoder.decode, config.batch, ranks))
+        return
     app = create_app(loaded, decoder.decode, name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                     max_queued=config.max_queued, log_interval_s=config.log_interval, engine=mirrored,
+                     max_queued=config.max_queued, log_interval_s=config.log_interval, ranks=ranks,
                      batch=config.batch, compile_max_len=config.compile_max_len)
     log.info("format: %s, %s weights (%s)", session.config.dtype, session.config.weights, session.format_reason)
     if decoder.choice is not None:
         log.info("%s", decoder.choice.summary())
     for note in decoder.notes:
         log.warning("%s", note)
-    if getattr(decoder.decode, "adapt", None) is not None and ranks == 1:
+    if decoder.decode.adapt is not None:
         log.warning("--adapt: continuous batching decodes every request with the first shape (%s); the shape is "
                     "re-chosen per request only when decoding one request at a time", decoder.description)
     log.info("serving %s as '%s' with %s, %s, %d threads%s", loaded.source, name, decoder.description,
-             session.config.dtype, session.threads,
-             f", tensor parallel over {ranks} ranks, one request at a time" if ranks > 1 else "")
+             session.config.dtype, session.threads, f", tensor parallel over {ranks} ranks" if ranks > 1 else "")
     try:
         make_server(app, config.host, config.port, shutdown_timeout_s=config.shutdown_timeout).run()
     finally:
-        if mirrored:
-            mirrored.shutdown()
+        if ranks > 1:
+            app.state.server.scheduler.batcher.shutdown()

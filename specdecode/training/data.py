@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specdecode.core.batching import BatchConfig, generate_all
-from specdecode.core.engine import GenerateOptions
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import file_fingerprint

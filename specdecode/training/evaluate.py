@@ -99,7 +99,8 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     """Held-out acceptance two ways on the same greedy samples: simulated from the
     training-time test (what the trainer reports) and measured by the engine (chain of
     ``depth``). They must agree; a gap means wiring or mask bugs."""
-    from specdecode.core.engine import Engine, GenerateOptions
+    from specdecode.core.engine import Engine
+    from specdecode.core.requests import GenerateOptions
     from specdecode.core.speculative import Eagle3Decoder, SpecConfig
     from specdecode.io.checkpoints import load_drafter
 
@@ -168,7 +169,8 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
     Hence more than one data set, each an equal share: the training distribution's held-out answers and
     prompts from elsewhere."""
     from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
-    from specdecode.core.engine import Engine, GenerateOptions
+    from specdecode.core.engine import Engine
+    from specdecode.core.requests import GenerateOptions
     from specdecode.core.speculative import Eagle3Decoder, SpecConfig
     from specdecode.io.checkpoints import load_drafter, write_acceptance
     from specdecode.io.paths import file_fingerprint

@@ -14,7 +14,6 @@ import torch
 
 from specdecode.core import batching
 from specdecode.core.batching import (
-    BatchableDecoder,
     BatchConfig,
     BatchEngine,
     BatchFullError,
@@ -22,12 +21,13 @@ from specdecode.core.batching import (
     generate_all,
 )
 from specdecode.core.drafter import random_drafter
-from specdecode.core.engine import ContextLengthError, Engine, GenerateOptions, baseline_decode
+from specdecode.core.engine import Engine
+from specdecode.core.requests import ContextLengthError, GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from tests.core.test_spec_sampling import chi_square_p
-from tests.helpers import perturbed, tiny_model
+from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
 
 
 class Tok:
@@ -113,7 +113,7 @@ def test_eagle3_acceptance_per_request_equals_alone(model, prompts):
     for d in (drafter, eagle):
         alone = []
         for p in prompts:
-            steps = list(Eagle3Decoder(d, spec)(model, p, 20, SamplingParams(), None))
+            steps = list(eagle3_steps(model, d, p, 20, SamplingParams(), None, spec))
             alone.append([s.cycle.accepted for s in steps if s.cycle])
         engine = BatchEngine(model, Tok(), d, spec, BatchConfig(slots=4, spec_policy="always"))
         _, finished = run_all(engine, prompts, options)
@@ -222,7 +222,7 @@ def test_generate_all_matches_single_requests():
                        BatchConfig(slots=2, spec_policy="never"), on_done=lambda i, ids: done.setdefault(i, ids))
     for p, b, g in zip(prompts, budgets, got, strict=True):
         ref = []
-        for step in baseline_decode(model, p, b, SamplingParams()):
+        for step in plain_steps(model, p, b, SamplingParams()):
             ref += step.tokens
             if ref[-1] in stop:
                 break
@@ -230,17 +230,18 @@ def test_generate_all_matches_single_requests():
     assert done == dict(enumerate(got))
 
 
-def test_decoders_say_what_they_draft_with(model):
-    """The server batches a decoder by what it declares (``BatchableDecoder``), not by its type."""
-    assert isinstance(baseline_decode, BatchableDecoder) and baseline_decode.drafter is None
+def test_a_request_alone_is_a_batch_of_one_sized_for_it(model):
+    """``Engine`` runs the batch engine over one row whose slot holds exactly the request: prompt, new
+    tokens and the largest tree a verify writes past them; too long a request names the model's context."""
     drafter = SelfDrafter(model, model, first_token=0)
-    decoder = Eagle3Decoder(drafter, SpecConfig(2, 2, 4))
-    assert isinstance(decoder, BatchableDecoder) and (decoder.drafter, decoder.spec) == (drafter, SpecConfig(2, 2, 4))
-
-    def custom(model, prompt_ids, max_new_tokens, sampling, generator):
-        yield from ()
-
-    assert not isinstance(custom, BatchableDecoder)  # served one request at a time
+    options = GenerateOptions(max_new_tokens=10)
+    batch = Engine(model, Tok(), Eagle3Decoder(drafter, SpecConfig(2, 2, 4))).batch_for(7, options)
+    assert (batch.config.slots, batch.limit, batch.margin, batch.policy.name) == (1, 7 + 10 + 4, 4, "always")
+    plain = Engine(model, Tok()).batch_for(7, options)
+    assert (plain.limit, plain.margin, plain.policy.name, plain.drafter) == (17, 0, "never", None)
+    context = model.config.max_position_embeddings
+    with pytest.raises(ContextLengthError, match=f"exceeds the model context of {context} tokens"):
+        Engine(model, Tok()).batch_for(context, options)
 
 
 @pytest.mark.parametrize("slow", ["plain", "verify"])

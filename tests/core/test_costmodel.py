@@ -18,9 +18,9 @@ from specdecode.core.costmodel import (
 )
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
-from specdecode.core.speculative import SpecConfig, eagle3_decode
+from specdecode.core.speculative import SpecConfig
 from tests.core.test_speculative import baseline, tokens
-from tests.helpers import perturbed, tiny_model
+from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
 
 
 def costs(verify_per_token=1.0, base=10.0):
@@ -96,7 +96,7 @@ def test_greedy_with_a_changing_shape_equals_baseline(seed):
     prompt = list(range(3, 9 + 3 * seed))
     drafter = SelfDrafter(perturbed(target, 0.05, seed), target, prompt[0])
     shapes = [SpecConfig(1, 1), SpecConfig(4, 2), SpecConfig(3, 1), SpecConfig(2, 4), SpecConfig(6, 1)]
-    steps = list(eagle3_decode(target, drafter, prompt, 60, SamplingParams(), None, shapes[0],
+    steps = list(eagle3_steps(target, drafter, prompt, 60, SamplingParams(), None, shapes[0],
                                policy=EveryCycle(shapes)))
     assert tokens(steps)[:60] == baseline(target, prompt, 60)
     assert len({s.cycle.drafted for s in steps if s.cycle}) > 2  # the shapes did change
@@ -104,16 +104,15 @@ def test_greedy_with_a_changing_shape_equals_baseline(seed):
 
 def test_sampling_with_a_changing_shape_matches_the_seeded_baseline():
     """One draw per emitted token in the baseline's order: a seeded request is the same whatever the shape."""
-    from specdecode.core.engine import baseline_decode
 
     target = tiny_model(seed=40)
     prompt = [3, 4, 5, 6]
     drafter = SelfDrafter(perturbed(target, 0.02, 0), target, prompt[0])
     params = SamplingParams(temperature=0.8, seed=7)
     shapes = [SpecConfig(2, 1), SpecConfig(3, 2), SpecConfig(1, 1)]
-    spec = tokens(eagle3_decode(target, drafter, prompt, 40, params, torch.Generator().manual_seed(7), shapes[0],
+    spec = tokens(eagle3_steps(target, drafter, prompt, 40, params, torch.Generator().manual_seed(7), shapes[0],
                                 policy=EveryCycle(shapes)))
-    base = tokens(baseline_decode(target, prompt, 40, params, torch.Generator().manual_seed(7)))
+    base = tokens(plain_steps(target, prompt, 40, params, torch.Generator().manual_seed(7)))
     assert spec[:40] == base
 
 

@@ -9,10 +9,10 @@ from safetensors.torch import load_file, save_file
 
 from specdecode.core.drafter import random_drafter
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.speculative import SpecConfig, eagle3_decode
+from specdecode.core.speculative import SpecConfig
 from specdecode.io.checkpoints import load_drafter, save_drafter
 from specdecode.io.errors import DrafterMismatchError
-from tests.helpers import tiny_model
+from tests.helpers import eagle3_steps, tiny_model
 
 SGLANG_KEYS = {
     "fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
@@ -66,8 +66,8 @@ def test_format_and_round_trip(saved, target):
     assert set(load_file(str(path / "model.safetensors"))) == SGLANG_KEYS
     loaded = load_drafter(path, target)
     assert loaded.config.aux_layer_ids == target.config.eagle3_aux_layer_ids
-    a = list(eagle3_decode(target, drafter, [1, 2, 3], 20, SamplingParams(), None, SpecConfig(3, 2, 6)))
-    b = list(eagle3_decode(target, loaded, [1, 2, 3], 20, SamplingParams(), None, SpecConfig(3, 2, 6)))
+    a = list(eagle3_steps(target, drafter, [1, 2, 3], 20, SamplingParams(), None, SpecConfig(3, 2, 6)))
+    b = list(eagle3_steps(target, loaded, [1, 2, 3], 20, SamplingParams(), None, SpecConfig(3, 2, 6)))
     assert [s.tokens for s in a] == [s.tokens for s in b]
     assert [s.cycle.accepted for s in a[1:]] == [s.cycle.accepted for s in b[1:]]
 

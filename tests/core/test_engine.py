@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from specdecode.core.engine import ContextLengthError, Engine, GenerateOptions, TextAssembler, baseline_decode
+from specdecode.core.engine import Engine
+from specdecode.core.requests import ContextLengthError, GenerateOptions, TextAssembler
 from specdecode.core.sampling import SamplingParams
 from specdecode.io.tokenizer import Tokenizer
-from tests.helpers import tiny_model
+from tests.helpers import plain_steps, tiny_model
 
 
 class CharTokenizer:
@@ -74,7 +75,7 @@ def test_partial_utf8_is_held_back():
 def test_baseline_greedy_equals_naive_argmax_loop():
     model = tiny_model(seed=4)
     prompt = [1, 2, 3, 4]
-    got = [t for step in baseline_decode(model, prompt, 20, SamplingParams()) for t in step.tokens]
+    got = [t for step in plain_steps(model, prompt, 20, SamplingParams()) for t in step.tokens]
     seq = list(prompt)
     for _ in range(20):  # naive: full recompute, no cache
         logits = model(torch.tensor([seq]), torch.arange(len(seq)), model.new_cache(1, 64)).logits
@@ -104,4 +105,4 @@ def test_seeded_sampling_is_reproducible():
 def test_context_overflow_message_has_numbers():
     model = tiny_model()
     with pytest.raises(ContextLengthError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds"):
-        next(baseline_decode(model, [1] * 250, 10, SamplingParams()))
+        next(plain_steps(model, [1] * 250, 10, SamplingParams()))

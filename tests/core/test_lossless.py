@@ -3,11 +3,12 @@ and a report that flags a decoder which deliberately differs (position and top-2
 
 import torch
 
+from specdecode.core import lossless
 from specdecode.core.drafter import random_drafter
-from specdecode.core.engine import DecodeStep, baseline_decode
+from specdecode.core.engine import BaselineDecoder, Engine
 from specdecode.core.lossless import DEFAULT_TOLERANCE, check_lossless, self_draft_decoder, top2_gap
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-from tests.helpers import tiny_model
+from tests.helpers import plain_steps, tiny_model
 
 PROMPTS = [("p0", "cat-a", [5, 17, 3, 42, 8]), ("p1", "cat-b", [1, 2, 3]), ("p2", "cat-a", [60, 61, 9, 9, 9, 30])]
 N = 16
@@ -46,22 +47,26 @@ def test_self_draft_accepts_everything():
     assert all(r["accept_length"] > 1.0 for r in report.rows)
 
 
-def test_a_differing_decoder_is_reported_with_its_top2_gap():
+def test_a_differing_decoder_is_reported_with_its_top2_gap(monkeypatch):
     model = tiny_model()
     vocab = model.config.vocab_size
     at = 5  # the token index this decoder changes (prompt p1 only)
+    altered = BaselineDecoder(sync=False)  # plain decoding, marked: its output is changed below
 
-    def altered(model, prompt_ids, max_new_tokens, sampling, generator=None):
-        flip = list(prompt_ids) == PROMPTS[1][2]
-        for i, step in enumerate(baseline_decode(model, prompt_ids, max_new_tokens, sampling, generator)):
-            tok = step.tokens[0]
-            yield DecodeStep([(tok + 1) % vocab if flip and i == at else tok])
+    class Altering(Engine):  # the engine is lossless by construction: a divergence is made after it
+        def generate(self, prompt_ids, options, on_chunk=None):
+            result = super().generate(prompt_ids, options, on_chunk)
+            if self.decoder is altered and list(prompt_ids) == PROMPTS[1][2]:
+                result.token_ids[at] = (result.token_ids[at] + 1) % vocab
+            return result
+
+    monkeypatch.setattr(lossless, "Engine", Altering)
 
     report = check_lossless(model, DigitTokenizer(), lambda ids: altered, PROMPTS, max_new_tokens=N)
     assert report.identical == 2 and len(report.diverged) == 1
     row = report.diverged[0]
     assert row["prompt_id"] == "p1" and row["identical"] is False and row["first_divergence"] == at
-    base = [t for s in baseline_decode(model, PROMPTS[1][2], N, _greedy()) for t in s.tokens]
+    base = [t for s in plain_steps(model, PROMPTS[1][2], N, _greedy()) for t in s.tokens]
     assert row["baseline_token"] == base[at] and row["spec_token"] == (base[at] + 1) % vocab
     gap, top2 = top2_gap(model, PROMPTS[1][2] + base[:at])
     assert row["top2_gap"] == gap and row["top2"] == top2 and top2[0] == base[at]

@@ -12,14 +12,15 @@ import torch
 
 from specdecode.core.batching import BatchConfig, BatchEngine
 from specdecode.core.drafter import random_drafter
-from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.engine import Engine
 from specdecode.core.kvcache import KVCache
 from specdecode.core.prefixcache import PrefixCache
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from tests.core.test_batching import Tok, run_all
-from tests.helpers import perturbed, tiny_model
+from tests.helpers import eagle3_steps, perturbed, tiny_model
 
 
 def pool(rows=2, slots=65, layers=2):
@@ -123,7 +124,7 @@ def test_greedy_with_the_prefix_cache_equals_each_request_alone(model, prompts, 
     assert [got[i] for i in range(len(prompts))] == alone
     if drafter is not None and spec is not None and policy == "always":  # the drafter read the cached taps right:
         for i, p in enumerate(prompts):  # it drafts what it drafts alone, cycle by cycle
-            steps = Eagle3Decoder(drafter, spec)(model, p, 16, SamplingParams(), None)
+            steps = eagle3_steps(model, drafter, p, 16, SamplingParams(), None, spec)
             assert sorted(finished[i].profile.depth_hist.elements()) == sorted(s.cycle.accepted for s in steps
                                                                                if s.cycle), i
     assert engine.prefix is not None

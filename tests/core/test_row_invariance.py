@@ -6,13 +6,12 @@ speculative decoding equals plain decoding token for token in bf16, not only in 
 import pytest
 import torch
 
-from specdecode.core.engine import baseline_decode
 from specdecode.core.quant import ROW_INVARIANT_ROWS, Int4Linear, quantize_weights
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
-from specdecode.core.speculative import SpecConfig, eagle3_decode
+from specdecode.core.speculative import SpecConfig
 from specdecode.runtime.native import load_native
-from tests.helpers import perturbed, tiny_model
+from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
 
 # every linear layer a multiple of 16 outputs (the family's tile) and of 32 inputs: vocab 96
 SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_heads": 4, "num_kv_heads": 2}
@@ -95,8 +94,8 @@ def test_greedy_speculative_equals_plain_in_bf16(model, config):
     prompt = list(range(3, 12))
     drafter = SelfDrafter(perturbed(model, 0.05, 0), model, prompt[0])
     with torch.inference_mode():
-        steps = list(eagle3_decode(model, drafter, prompt, 40, SamplingParams(), None, config))
-        plain = [t for s in baseline_decode(model, prompt, 40, SamplingParams()) for t in s.tokens]
+        steps = list(eagle3_steps(model, drafter, prompt, 40, SamplingParams(), None, config))
+        plain = [t for s in plain_steps(model, prompt, 40, SamplingParams()) for t in s.tokens]
     assert [t for s in steps for t in s.tokens][:40] == plain
     accepted = [s.cycle.accepted for s in steps if s.cycle]
     assert max(accepted) >= 1 and min(accepted) < config.max_depth  # both paths exercised

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.engine import Engine
+from specdecode.core.requests import GenerateOptions
 
 pytestmark = pytest.mark.model
 

@@ -8,8 +8,8 @@ import torch
 
 from specdecode.core.sampling import SamplingParams, logits_to_probs
 from specdecode.core.selfdraft import SelfDrafter
-from specdecode.core.speculative import DraftTree, Verification, accept_sampling, ancestor_mask, eagle3_decode
-from tests.helpers import perturbed, tiny_model
+from specdecode.core.speculative import DraftTree, Verification, accept_sampling, ancestor_mask
+from tests.helpers import eagle3_steps, perturbed, tiny_model
 
 
 def chi_square_p(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:
@@ -90,7 +90,7 @@ def test_end_to_end_spec_sampling_matches_target():
     counts = torch.zeros(V, V, V, dtype=torch.float64)
     accepted = 0
     for _ in range(5000):
-        steps = eagle3_decode(target, drafter, prompt, 3, params, gen, SpecConfig(2, 2, 5))
+        steps = eagle3_steps(target, drafter, prompt, 3, params, gen, SpecConfig(2, 2, 5))
         toks = []
         for s in steps:
             toks += s.tokens

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from specdecode.core.drafter import random_drafter
-from specdecode.core.engine import baseline_decode
 from specdecode.core.profiler import PhaseClock
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
@@ -14,12 +13,11 @@ from specdecode.core.speculative import (
     SpecRow,
     ancestor_mask,
     draft_rows,
-    eagle3_decode,
     prefill,
     spec_cycle,
     start_draft,
 )
-from tests.helpers import perturbed, tiny_model
+from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
 
 CONFIGS = [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(2, 2, 4), SpecConfig(3, 3, 8),
            SpecConfig(4, 2, 10), SpecConfig(3, 4, 20)]
@@ -30,7 +28,7 @@ def tokens(steps):
 
 
 def baseline(model, prompt, n):
-    return tokens(baseline_decode(model, prompt, n, SamplingParams()))
+    return tokens(plain_steps(model, prompt, n, SamplingParams()))
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
@@ -40,7 +38,7 @@ def test_greedy_random_drafter_equals_baseline(config, seed):
     drafter = random_drafter(target, draft_vocab_size=61, seed=seed, init_std=0.3)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, 97, (1 + 7 * seed,), generator=gen).tolist()
-    out = tokens(eagle3_decode(target, drafter, prompt, 40, SamplingParams(), None, config))
+    out = tokens(eagle3_steps(target, drafter, prompt, 40, SamplingParams(), None, config))
     assert out[:40] == baseline(target, prompt, 40)
 
 
@@ -50,7 +48,7 @@ def test_greedy_partial_acceptance_equals_baseline(config, seed):
     target = tiny_model(seed=10 + seed)
     prompt = list(range(3, 3 + 5 + 4 * seed))
     drafter = SelfDrafter(perturbed(target, 0.05, seed), target, prompt[0])
-    steps = list(eagle3_decode(target, drafter, prompt, 48, SamplingParams(), None, config))
+    steps = list(eagle3_steps(target, drafter, prompt, 48, SamplingParams(), None, config))
     assert tokens(steps)[:48] == baseline(target, prompt, 48)
     accepted = [s.cycle.accepted for s in steps if s.cycle]
     assert max(accepted) >= 1 and min(accepted) < config.max_depth  # both paths exercised
@@ -60,7 +58,7 @@ def test_greedy_partial_acceptance_equals_baseline(config, seed):
 def test_self_draft_accepts_everything(config):
     target = tiny_model(seed=20)
     drafter = SelfDrafter(target, target, 5)
-    steps = list(eagle3_decode(target, drafter, [5, 6, 7], 40, SamplingParams(), None, config))
+    steps = list(eagle3_steps(target, drafter, [5, 6, 7], 40, SamplingParams(), None, config))
     cycles = [s.cycle for s in steps if s.cycle]
     if config.topk == 1:  # a chain of the target's own greedy tokens is accepted whole
         assert all(c.accepted == config.max_depth for c in cycles[:-1])

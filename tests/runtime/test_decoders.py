@@ -20,7 +20,7 @@ from specdecode.io.tokenizer import Tokenizer
 from specdecode.runtime import decoders
 from specdecode.runtime.decoders import RANDOM_DRAFTER, DecoderSpec, build_decoder, resolve_drafter_path
 from specdecode.runtime.session import RuntimeConfig, Session
-from tests.helpers import tiny_model
+from tests.helpers import plain_steps, tiny_model
 
 
 class NoTokenizer:
@@ -150,9 +150,12 @@ def test_decoder_config_without_acceptance_table_falls_back_to_spec_config(saved
 def test_built_decoder_runs_on_the_session_model():
     s = session("some/other-model.gguf")
     decoder = build_decoder(DecoderSpec(drafter=RANDOM_DRAFTER), s)
+    from specdecode.core.engine import Engine
+    from specdecode.core.requests import GenerateOptions, TokenIdsOnly
     from specdecode.core.sampling import SamplingParams
 
     prompt = [5, 17, 3, 42, 8]
-    spec = [t for step in decoder.decode(s.loaded.model, prompt, 12, SamplingParams(), None) for t in step.tokens]
-    base = [t for step in baseline_decode(s.loaded.model, prompt, 12, SamplingParams()) for t in step.tokens]
+    options = GenerateOptions(max_new_tokens=12, stop_token_ids=())
+    spec = Engine(s.loaded.model, TokenIdsOnly(()), decoder.decode).generate(prompt, options).token_ids
+    base = [t for step in plain_steps(s.loaded.model, prompt, 12, SamplingParams()) for t in step.tokens]
     assert spec[:12] == base

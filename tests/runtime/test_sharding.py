@@ -16,15 +16,16 @@ PROMPT = [5, 17, 3, 42, 8, 11, 29]
 
 def _reference_run(model):
     from specdecode.core.drafter import random_drafter
-    from specdecode.core.engine import baseline_decode
-    from specdecode.core.sampling import SamplingParams
+    from specdecode.core.engine import Engine
+    from specdecode.core.requests import GenerateOptions, TokenIdsOnly
     from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
     cache = model.new_cache(1, 64)
     logits = model(torch.tensor([PROMPT]), torch.arange(len(PROMPT)), cache).logits
-    greedy = [t for step in baseline_decode(model, PROMPT, 20, SamplingParams()) for t in step.tokens]
+    options = GenerateOptions(max_new_tokens=20, stop_token_ids=())
+    greedy = Engine(model, TokenIdsOnly(())).generate(PROMPT, options).token_ids
     spec = Eagle3Decoder(random_drafter(model, 60, seed=1), SpecConfig(3, 2, 6))
-    spec_tokens = [t for step in spec(model, PROMPT, 20, SamplingParams(), None) for t in step.tokens]
+    spec_tokens = Engine(model, TokenIdsOnly(()), spec).generate(PROMPT, options).token_ids
     return logits, greedy, spec_tokens
 
 
@@ -114,3 +115,76 @@ def test_comm_bench_and_tune_over_it(tmp_path):
     assert "busbw" in tuned.stdout and (profiles / "comm.toml").is_file()
     bad = specdecode("comm-bench", "--world", "1", check=False)
     assert bad.returncode == 2 and "--world must be >= 2" in bad.stderr
+
+
+def _batch(model, drafter):
+    from specdecode.core.batching import BatchConfig, BatchEngine
+    from specdecode.core.requests import TokenIdsOnly
+    from specdecode.core.speculative import SpecConfig
+
+    return BatchEngine(model, TokenIdsOnly(()), drafter, SpecConfig(2, 2, 4),
+                       BatchConfig(slots=2, slot_tokens=64, spec_policy="always"))
+
+
+def _serve_requests(batcher, prompts, sampled):
+    """Three requests through two slots (one waits, one is removed midway), as the server's worker does."""
+    from specdecode.core.requests import GenerateOptions
+    from specdecode.core.sampling import SamplingParams
+
+    out = {i: [] for i in range(len(prompts))}
+    queue = list(range(len(prompts)))
+    steps = 0
+    while queue or batcher.active:
+        while queue and batcher.free_slots:
+            i = queue.pop(0)
+            sampling = SamplingParams(temperature=0.9) if i in sampled else SamplingParams()
+            batcher.add(i, prompts[i], GenerateOptions(max_new_tokens=16, sampling=sampling, stop_token_ids=()))
+        report = batcher.step()
+        for key, chunk in report.events:
+            out[key] += chunk.token_ids
+        steps += 1
+        if steps == 4:
+            batcher.remove(1)
+    return out
+
+
+def _mirror_worker(rank, world, port, out):
+    import torch.distributed as dist
+
+    from specdecode.core.drafter import random_drafter
+    from specdecode.serving.mirror import MirroredBatcher, follow
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97)
+    apply_tensor_parallel(model, rank, world)
+    engine = _batch(model, random_drafter(model, 60, seed=1))
+    if rank == 0:
+        batcher = MirroredBatcher(engine)
+        got = _serve_requests(batcher, MIRROR_PROMPTS, sampled={2})
+        batcher.shutdown()
+        torch.save(got, out)
+    else:
+        follow(engine)
+    dist.destroy_process_group()
+
+
+MIRROR_PROMPTS = [PROMPT, [9, 8, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+
+
+def test_served_batch_is_mirrored_on_every_rank(tmp_path):
+    """`serve --tp 2`: rank 0's batch (requests joining, one removed midway, a sampled one with a seed
+    rank 0 chose) runs on both ranks in lockstep and gives the tokens of one process's batch (greedy rows:
+    float64, identical; the removed one up to its removal)."""
+    from specdecode.core.drafter import random_drafter
+    from specdecode.runtime.distributed import free_port
+
+    model = tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97)
+    ref = _serve_requests(_batch(model, random_drafter(model, 60, seed=1)), MIRROR_PROMPTS, sampled=set())
+    out = tmp_path / "rank0.pt"
+    mp.start_processes(_mirror_worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    got = torch.load(out)
+    assert got[0] == ref[0] and len(got[0]) == 16
+    assert got[1] == ref[1] and 0 < len(got[1]) < 16  # removed midway, on both ranks alike
+    assert len(got[2]) == 16  # sampled: no reference, but it finished on both ranks (no rank left waiting)

@@ -7,7 +7,8 @@ import json
 import threading
 import time
 
-from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.engine import Engine
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
 from specdecode.serving.app import make_server

@@ -8,8 +8,9 @@ import httpx
 import pytest
 
 from specdecode.core.batching import BatchConfig
-from specdecode.core.engine import Engine, GenerateOptions
+from specdecode.core.engine import Engine
 from specdecode.core.profiler import SpecProfile
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.prometheus import Family, Sample, format_value, parse_prometheus, render_prometheus

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from specdecode.core.batching import BatchConfig
-from specdecode.core.engine import GenerateOptions, baseline_decode
+from specdecode.core.engine import baseline_decode
+from specdecode.core.requests import GenerateOptions
 from specdecode.io.loading import LoadedModel
 from specdecode.serving.app import create_app
 from specdecode.serving.errors import APIError

@@ -12,11 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from specdecode.core.sampling import SamplingParams
-from specdecode.core.speculative import eagle3_decode
 from specdecode.io.checkpoints import load_drafter
 from specdecode.io.hf import load_hf_dir
 from specdecode.training.dataset import DataSet, draft_vocab, heldout_split
-from tests.helpers import save_tiny_hf
+from tests.helpers import eagle3_steps, plain_steps, save_tiny_hf
 
 
 @pytest.fixture
@@ -189,7 +188,6 @@ def test_heldout_split_is_stable():
 def test_trainer_acceptance_agrees_with_engine(tmp_path):
     """Held-out acceptance simulated by the trainer equals what the engine measures on the
     same greedy samples (float64, tiny model): any gap would be a wiring or mask bug."""
-    from specdecode.core.engine import baseline_decode
     from specdecode.core.speculative import SpecConfig
     from specdecode.training.trainer import TrainConfig, train
     from specdecode.training.ttt import (
@@ -209,7 +207,7 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
     rows = []
     for n in range(60):
         prompt = torch.randint(0, 101, (3 + n % 4,), generator=gen).tolist()
-        out = [t for s in baseline_decode(target, prompt, 24, SamplingParams())
+        out = [t for s in plain_steps(target, prompt, 24, SamplingParams())
                for t in s.tokens]
         rows.append(({"id": f"{n:016x}", "split": "heldout" if n % 6 == 0 else "train", "source": "t",
                       "mode": "greedy", "loss_ranges": [[len(prompt), len(prompt) + len(out)]]}, prompt + out))
@@ -236,7 +234,7 @@ def test_trainer_acceptance_agrees_with_engine(tmp_path):
         t, c = simulated_accept_length(correct, valid, loss_mask, 3)
         sim_t, sim_c = sim_t + t, sim_c + c
         start, end = r["loss_ranges"][0]
-        steps = list(eagle3_decode(
+        steps = list(eagle3_steps(
             target, drafter, tokens[0, :start].tolist(), end - start,
             SamplingParams(), None, SpecConfig(3, 1)))
         assert [t for s in steps for t in s.tokens][:end - start] == tokens[0, start:end].tolist()
