@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specdecode.bench.fingerprint import capture
-from specdecode.core.compiled import CompiledSteps, configure_inductor, dummy_inputs
+from specdecode.core.compiled import CompiledRunner, configure_inductor, dummy_inputs
 from specdecode.core.quant import DEFAULT_ACTIVATIONS
 from specdecode.runtime.compiling import PackageStore
 from specdecode.runtime.session import RuntimeConfig, start
@@ -63,10 +63,10 @@ def main() -> int:
     sessions = {a: start(RuntimeConfig(threads=args.threads, compile="off", activations=a)) for a in acts}
     session = sessions[acts[0]]
     configure_inductor(session.loaded.model.device.type)
-    settings = {"compiled": CompiledSteps(store=PackageStore(), on_compile=lambda key, s: print(
+    settings = {"compiled": CompiledRunner(store=PackageStore(), on_compile=lambda key, s: print(
         f"building {key} ..." if s is None else f"built in {s:.0f} s", file=sys.stderr))}
     if args.eager:
-        settings["eager"] = CompiledSteps(compile=False)
+        settings["eager"] = CompiledRunner(compile=False)
     shapes = list(itertools.product(args.rows, args.tokens))
     calls = {}
     names = [f"{name}:{a}" if len(acts) > 1 else name for a in acts for name in settings]

@@ -86,8 +86,9 @@ def main() -> int:
         for c in configs:
             t0 = time.perf_counter()
             results = measure(session.loaded.model, ids, session.loaded.tokenizer.eos_token_ids,
-                              decoder.decode.drafter, decoder.decode.spec, c,  # type: ignore[attr-defined]
-                              on_progress=lambda m, f=fmt: print(f"{f} {m}", file=sys.stderr, flush=True))
+                              decoder.decode.drafter, decoder.decode.spec, c,
+                              on_progress=lambda m, f=fmt: print(f"{f} {m}", file=sys.stderr, flush=True),
+                              runner=session.runner)
             seconds = time.perf_counter() - t0
             kind = " (batch-invariant)" if c.batch_invariant else ""
             for r in results:

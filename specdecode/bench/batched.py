@@ -30,7 +30,8 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     loaded = session.loaded
     drafter = getattr(decoder.decode, "drafter", None)
     engine = BatchEngine(loaded.model, loaded.tokenizer, drafter, decoder.config,
-                         BatchConfig(slots=concurrency, spec_policy=policy, prefix_cache=0))  # steps, not reuse
+                         BatchConfig(slots=concurrency, spec_policy=policy, prefix_cache=0),  # steps, not reuse
+                         runner=decoder.decode.runner)
     engine.allocate()
     # compiled steps: every graph these requests can meet, built or loaded now (else the first run at a
     # new span timed the compiler: 45 ms a "step" where the step takes 7); eager steps: nothing

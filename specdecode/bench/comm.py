@@ -99,7 +99,7 @@ def run_comm_bench(world: int, sizes: list[int], iters: int = 20, warmup: int = 
         raise ValueError(f"--world must be >= 2 (an all-reduce needs two ranks), got {world}")
     if iters < 1 or warmup < 0:
         raise ValueError("--iters must be >= 1 and --warmup >= 0")
-    import torch
+    import torch  # torch, only when measuring: reading and printing results runs without it
     import torch.multiprocessing as mp
 
     from specdecode.runtime.distributed import free_port

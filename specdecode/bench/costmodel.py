@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import statistics
 
-from specdecode.bench.harness import summarize
 from specdecode.bench.methods import method_spec_config
+from specdecode.bench.output import summarize
 from specdecode.core.costmodel import expected_accept_length, monotone_fit, predicted_speedup
 
 PHASES = ("draft", "verify", "extend", "other")

@@ -18,11 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdecode.core.engine import Engine
+from specdecode.bench.methods import LlamaCppMethod, open_llama
+from specdecode.core.engine import BaselineDecoder, Engine
 from specdecode.core.kernels import KERNEL_MODES
 from specdecode.core.model import Transformer
 from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS
 from specdecode.core.requests import GenerateOptions
+from specdecode.io.llamacpp import find_llama_tool
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start
 from specdecode.runtime.weights import WEIGHT_FORMATS
@@ -183,12 +185,10 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
         raise ValueError(f"llama.cpp runs a GGUF; the model is {gguf}")
     llm = None
     if config.llama_cpp:  # opened first: a missing extra fails before the timings
-        from specdecode.bench.methods import open_llama
 
         llm = open_llama("formats --llama-cpp", gguf, sessions[0].threads,
                          n_ctx=max(config.max_passage_tokens, 2048), logits_all=True)
     if config.llama_bench:
-        from specdecode.io.llamacpp import find_llama_tool
 
         binary = find_llama_tool("llama-bench", None if config.llama_bench == "auto" else config.llama_bench)
         llama = {"format": "llama.cpp", "binary": binary, "model": str(gguf), "forward_ms": {}}
@@ -225,10 +225,9 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
     outputs = []
     for row, s in zip(rows, sessions, strict=True):
         say(f"greedy {row['format']}")
-        engine = Engine(s.loaded.model, s.loaded.tokenizer)
+        engine = Engine(s.loaded.model, s.loaded.tokenizer, BaselineDecoder(runner=s.runner))
         outputs.append([engine.generate(ids, options).token_ids for ids in encoded])
     if llm is not None and llama is not None:
-        from specdecode.bench.methods import LlamaCppMethod
 
         say("greedy llama.cpp")
         # its own instance: one that keeps every position's logits may round the last one differently

@@ -13,7 +13,6 @@ prompts, ``measure(bench)`` runs them and summarises; progress is reported throu
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -21,32 +20,13 @@ import torch
 
 from specdecode.bench.fingerprint import capture, diff, performance_relevant
 from specdecode.bench.methods import BaselineMethod, build_method, check_method, split_methods
-from specdecode.bench.output import Method
+from specdecode.bench.output import MeasureConfig, Method, summarize
 from specdecode.bench.profiles import load_profile
-from specdecode.bench.stats import geomean_ci
 from specdecode.bench.store import ResultsStore, load_run
-from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
+from specdecode.io.prompts import Prompt, encode_prompt
 from specdecode.runtime.session import Session
 
 Progress = Callable[[], None] | None  # called once per generation (warmup included)
-
-
-@dataclass(frozen=True)
-class MeasureConfig:
-    """What every local measurement shares: the prompts, how long, how often."""
-
-    prompts: str | None = None  # Spec-Bench jsonl or {"prompt": ...} jsonl; None: the built-in set
-    num_prompts: int | None = None  # only the first N prompts
-    per_category: int | None = None  # the first N prompts of each category
-    max_prompt_words: int | None = None  # only prompts of at most N words (before the two above)
-    max_new_tokens: int = 128
-    runs: int = 1  # passes over the prompt set
-    warmup: int = 1  # untimed runs per method before measuring
-    drafter: str | None = None  # drafter for eagle3 methods (None: the shipped one)
-    launch_profile: str | None = None  # the launch profile applied (recorded in the fingerprint)
-
-    def load_prompts(self) -> list[Prompt]:
-        return load_prompts(self.prompts, self.num_prompts, self.per_category, self.max_prompt_words)
 
 
 @dataclass(frozen=True)
@@ -68,7 +48,7 @@ def run_fingerprint(session: Session, drafter_paths: Sequence[str] = (), launch_
                    launch_profile=profile, tensor_parallel=session.world_size, weights=session.config.weights,
                    activations=None if session.config.weights == "native" else session.config.activations,
                    kernels=session.kernels.summary(),
-                   compiled="on" if session.loaded.model.steps is not None else "off")
+                   compiled="on" if session.compiled is not None else "off")
 
 
 def profile_contradictions(fingerprint: dict) -> list[str]:
@@ -78,43 +58,6 @@ def profile_contradictions(fingerprint: dict) -> list[str]:
         return []
     return [f"WARNING: the live environment contradicts launch profile {profile['name']!r}: {c}"
             for c in profile["contradictions"]]
-
-
-def summarize(records: list[dict], methods: list[str]) -> list[dict]:
-    base = {(r["prompt_id"], r["run"]): r for r in records if r["method"] == methods[0]}
-    base_any = {pid: r for (pid, _), r in sorted(base.items(), key=lambda kv: -kv[0][1])}  # run 0 wins
-    rows = []
-    for m in methods:
-        rs = [r for r in records if r["method"] == m]
-        if not rs:
-            continue
-        speeds = [r["tok_per_s"] for r in rs]
-        ratios, matches = [], []
-        for r in rs:
-            b = base.get((r["prompt_id"], r["run"])) or base_any.get(r["prompt_id"])
-            if b:
-                ratios.append(r["tok_per_s"] / b["tok_per_s"])
-                if r["token_ids"] is not None and b["token_ids"] is not None:
-                    matches.append(r["token_ids"] == b["token_ids"])
-        speedup, lo, hi = geomean_ci(ratios)
-        rows.append({
-            "method": m, "samples": len(rs),
-            "tok_per_s_median": statistics.median(speeds), "tok_per_s_min": min(speeds),
-            "tok_per_s_max": max(speeds),
-            "ms_per_token_median": statistics.median(1000 * r["elapsed_s"] / r["num_tokens"] for r in rs),
-            "ttft_ms_median": statistics.median(1000 * r["ttft_s"] for r in rs),
-            # time per output token after the first (prefill excluded): what serving overhead adds to
-            "tpot_ms_median": statistics.median(1000 * (r["elapsed_s"] - r["ttft_s"]) / max(r["num_tokens"] - 1, 1)
-                                                for r in rs),
-            "speedup": speedup, "speedup_ci95": [lo, hi],
-            "outputs_match_baseline": f"{sum(matches)}/{len(matches)}" if matches else "n/a",
-        })
-        spec = [r for r in rs if r.get("cycles")]
-        if spec:
-            cycles = sum(r["cycles"] for r in spec)
-            rows[-1]["accept_length"] = sum(r["accept_length"] * r["cycles"] for r in spec) / cycles
-            rows[-1]["accept_rate"] = statistics.fmean(r["accept_rate"] for r in spec)
-    return rows
 
 
 def op_profile(method: BaselineMethod, prompt_ids: list[int], max_new_tokens: int, rows: int = 12) -> list[dict]:

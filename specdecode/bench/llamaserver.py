@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
+from specdecode.io.paths import default_drafter_path
 
 SPEC_KEYS = ("spec", "n_max", "drafter", "server")
 STARTUP_S = 120.0
@@ -40,6 +41,7 @@ class LlamaServerMethod:
                  timeout_s: float = 300.0, extra: Sequence[str] = ()) -> None:
         import httpx
 
+        # torch (io.llamacpp reads and writes GGUF tensors): this module's result parsing runs without it
         from specdecode.io.llamacpp import find_llama_server
 
         if model_gguf.suffix.lower() != ".gguf":
@@ -136,8 +138,7 @@ def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threa
                       drafter_path: str | None, stop_ids: Sequence[int]) -> LlamaServerMethod:
     """``llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH]``: the drafter (a directory, exported
     and cached as its GGUF, or a .gguf) defaults to ``--drafter``, else the shipped one."""
-    from specdecode.io.llamacpp import drafter_gguf
-    from specdecode.io.paths import default_drafter_path
+    from specdecode.io.llamacpp import drafter_gguf  # torch, as in LlamaServerMethod
 
     unknown = set(params) - set(SPEC_KEYS)
     if unknown:

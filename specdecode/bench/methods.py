@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,14 @@ import torch
 
 from specdecode.bench.llamaserver import build_llamaserver
 from specdecode.bench.output import Method, RunOutput
-from specdecode.core.compiled import CompiledSteps, use_steps
+from specdecode.bench.remote.request import RequestResult, stream_one
+from specdecode.bench.remote.run import RemoteError, list_models, normalize_endpoint
+from specdecode.core.compiled import CompiledRunner
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
-from specdecode.core.engine import Engine, TokenDecoder
-from specdecode.core.model import StepRunner
+from specdecode.core.engine import Engine, TokenDecoder, baseline_decode
 from specdecode.core.requests import GenerateOptions
+from specdecode.core.runner import EAGER, StepRunner
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.autospec import SPEC_MODES, SpecChoice
@@ -60,40 +63,31 @@ EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "compile")
 
 class BaselineMethod:
     """Our non-speculative decode: the reference every speedup is measured against
-    (or, given a decoder, any engine decoder: EAGLE-3 configurations)."""
+    (or, given a decoder, any engine decoder: EAGLE-3 configurations), with ``runner``'s steps."""
 
     def __init__(self, name: str, loaded: LoadedModel, decoder: TokenDecoder | None = None,
                  spec_config: SpecConfig | None = None, spec_choice: SpecChoice | None = None,
-                 steps: StepRunner | None | str = "session") -> None:
+                 runner: StepRunner = EAGER) -> None:
         self.name = name
         self.model = loaded.model
-        self.steps = steps  # the target's compiled steps for this method's runs; "session": as loaded
+        self.runner = runner
         self.spec_config = spec_config  # what an EAGLE-3 method measures (recorded with the run)
         self.spec_choice = spec_choice  # how that shape was chosen (runtime.autospec; recorded with the run)
-        self.decoder = decoder
-        self.engine = Engine(loaded.model, loaded.tokenizer, decoder) if decoder else Engine(
-            loaded.model, loaded.tokenizer)
+        self.decoder = replace(decoder if decoder is not None else baseline_decode, runner=runner)
+        self.engine = Engine(loaded.model, loaded.tokenizer, self.decoder)
 
     def prepare(self, encoded: Sequence[list[int]], max_new_tokens: int) -> int:
         """Compile now, when this method runs compiled steps, every graph its requests will need
-        (``CompiledSteps.warm``), so that no timed request waits for the compiler; returns how many."""
-        steps = self.model.steps if isinstance(self.steps, str) else self.steps
-        if not isinstance(steps, CompiledSteps):
+        (``CompiledRunner.warm``), so that no timed request waits for the compiler; returns how many."""
+        if not isinstance(self.runner, CompiledRunner):
             return 0
-        drafter = getattr(self.decoder, "drafter", None)
-        with use_steps((self.model, drafter), steps):
-            return sum(steps.warm(self.model, drafter, len(ids), max_new_tokens, self.spec_config) for ids in encoded)
+        drafter = self.decoder.drafter
+        return sum(self.runner.warm(self.model, drafter, len(ids), max_new_tokens, self.spec_config)
+                   for ids in encoded)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        if isinstance(self.steps, str):
-            r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
-        else:  # this method's compile=on|off, for the target and its drafter
-            with use_steps((self.model, getattr(self.decoder, "drafter", None)), self.steps):
-                r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
-        stats = dict(r.stats)
-        for policy in getattr(self.decoder, "policies", ()):  # an adaptive shape: when it changed, to what
-            stats["shape_changes"] = [list(c) for c in getattr(policy, "changes", ())]
-        return RunOutput(r.token_ids, r.elapsed_s, r.ttft_s, stats)
+        r = self.engine.generate(prompt_ids, GenerateOptions(max_new_tokens=max_new_tokens))
+        return RunOutput(r.token_ids, r.elapsed_s, r.ttft_s, dict(r.stats))
 
 
 class HFMethod:
@@ -148,7 +142,6 @@ class ServedMethod:
                  timeout_s: float = 300.0) -> None:
         import httpx
 
-        from specdecode.bench.remote.run import list_models, normalize_endpoint
 
         self.name = name
         self.base = normalize_endpoint(url)
@@ -158,12 +151,11 @@ class ServedMethod:
         self.model = model or list_models(self.base, api_key, min(timeout_s, 30.0), self.client)[0]
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        from specdecode.bench.remote.request import RequestResult, _stream_one
 
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
         res = RequestResult("", "")
-        _stream_one(self.client, self.base + "/v1/completions", body, self.headers, "completions", self.timeout_s,
+        stream_one(self.client, self.base + "/v1/completions", body, self.headers, "completions", self.timeout_s,
                     res, time.perf_counter())
         if not res.ok or res.ttft_s is None:
             raise RuntimeError(f"method {self.name}: the request to {self.base} failed: {res.error}")
@@ -280,16 +272,16 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
                        adapt=params.get("adapt") == "1", allow_plain=False)
 
 
-def _method_steps(spec: str, params: dict[str, str], session: Session) -> StepRunner | None | str:
+def _method_runner(spec: str, params: dict[str, str], session: Session) -> StepRunner:
     """A method's ``compile=on|off``: the session's compiled steps (made for it if it has none) or
-    eager; "session" when not given."""
+    eager; the session's runner when not given."""
     value = params.get("compile")
     if value is None:
-        return "session"
+        return session.runner
     if value not in ("on", "off"):
         raise ValueError(f"method {spec!r}: compile must be on or off")
     if value == "off":
-        return None
+        return EAGER
     if session.world_size > 1:
         raise ValueError(f"method {spec!r}: compiled steps do not run under tensor parallelism")
     return session.building_steps()
@@ -321,9 +313,9 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
     """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
     ``served:url=URL[,model=NAME]``."""
     name, params = check_method(spec)
-    steps = _method_steps(spec, params, session) if name in ("baseline", "eagle3") else "session"
+    runner = _method_runner(spec, params, session) if name in ("baseline", "eagle3") else session.runner
     if name == "baseline":
-        return BaselineMethod(spec, session.loaded, steps=steps)
+        return BaselineMethod(spec, session.loaded, runner=runner)
     if name == "hf":
         return HFMethod(spec, session.loaded, session.dtype, session.device)
     if name == "llamacpp":
@@ -332,12 +324,11 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
         decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
         if not decoder.is_speculative:
             raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
-        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice, steps)
+        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice, runner)
     if name == "llamaserver":
         return build_llamaserver(spec, params, session.loaded.source, session.threads, drafter_path,
                                  session.loaded.tokenizer.eos_token_ids)
     if name == "served":
-        from specdecode.bench.remote.run import RemoteError
 
         try:
             return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from specdecode.core.batching import BatchConfig, generate_all
 from specdecode.core.model import Transformer
 from specdecode.core.requests import GenerateOptions
+from specdecode.core.runner import EAGER, Drafter, StepRunner
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.specpolicy import SpecPolicyName
-from specdecode.core.speculative import Drafter, SpecConfig
+from specdecode.core.speculative import SpecConfig
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class ModeResult:
 
 def _runs(model: Transformer, prompts: Sequence[Sequence[int]], options: GenerateOptions, stop: Sequence[int],
           slots: int, drafter: Drafter | None, spec: SpecConfig | None, invariant: bool = False,
-          one_at_a_time: bool = False) -> list[list[int]]:
+          one_at_a_time: bool = False, runner: StepRunner = EAGER) -> list[list[int]]:
     policy: SpecPolicyName = "never" if drafter is None else "always"
     slot_tokens = max(len(p) for p in prompts) + options.max_new_tokens + (spec.num_draft_tokens if spec else 0) + 1
     # no prefix cache: what changes an answer here must be the batch's company alone (one engine per run, so
@@ -79,14 +80,15 @@ def _runs(model: Transformer, prompts: Sequence[Sequence[int]], options: Generat
     config = BatchConfig(slots=slots, slot_tokens=slot_tokens, spec_policy=policy, batch_invariant=invariant,
                          prefix_cache=0)
     if one_at_a_time:
-        return [generate_all(model, [p], options, stop, config, drafter, spec)[0] for p in prompts]
-    return generate_all(model, prompts, options, stop, config, drafter, spec)
+        return [generate_all(model, [p], options, stop, config, drafter, spec, runner=runner)[0] for p in prompts]
+    return generate_all(model, prompts, options, stop, config, drafter, spec, runner=runner)
 
 
 def measure(model: Transformer, prompts: Sequence[Sequence[int]], stop_token_ids: Sequence[int],
             drafter: Drafter | None, spec: SpecConfig | None, cfg: ReproConfig = ReproConfig(),
-            on_progress: Callable[[str], None] | None = None) -> list[ModeResult]:
-    """Plain mode, then speculative mode when ``drafter`` is given; see the module docstring."""
+            on_progress: Callable[[str], None] | None = None, runner: StepRunner = EAGER) -> list[ModeResult]:
+    """Plain mode, then speculative mode when ``drafter`` is given (``runner``'s steps); see the module
+    docstring."""
     greedy = GenerateOptions(cfg.max_new_tokens)
     seeded = GenerateOptions(cfg.max_new_tokens, SamplingParams(cfg.temperature, seed=cfg.seed))
     results: list[ModeResult] = []
@@ -101,7 +103,7 @@ def measure(model: Transformer, prompts: Sequence[Sequence[int]], stop_token_ids
 
         def alone_run(options: GenerateOptions, d: Drafter | None = d,
                       s: SpecConfig | None = s) -> list[list[int]]:
-            return _runs(model, prompts, options, stop_token_ids, slots, d, s, cfg.batch_invariant, True)
+            return _runs(model, prompts, options, stop_token_ids, slots, d, s, cfg.batch_invariant, True, runner)
 
         say(f"{mode}: greedy alone x{cfg.repeats}")
         t0 = time.perf_counter()
@@ -116,7 +118,7 @@ def measure(model: Transformer, prompts: Sequence[Sequence[int]], stop_token_ids
             result.seeded.add(a, b)
         say(f"{mode}: greedy in a batch of {cfg.batch}")
         t0 = time.perf_counter()
-        batched = _runs(model, prompts, greedy, stop_token_ids, cfg.batch, d, s, cfg.batch_invariant)
+        batched = _runs(model, prompts, greedy, stop_token_ids, cfg.batch, d, s, cfg.batch_invariant, runner=runner)
         result.batched_tok_s = sum(map(len, batched)) / (time.perf_counter() - t0)
         for a, b in zip(alone[0], batched, strict=True):
             result.batched.add(a, b)

@@ -14,16 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdecode.bench.costmodel import analyse
-from specdecode.bench.harness import (
-    MeasureConfig,
-    Progress,
-    progress_total,
-    run_fingerprint,
-    run_interleaved,
-    summarize,
-)
+from specdecode.bench.harness import Progress, progress_total, run_fingerprint, run_interleaved
 from specdecode.bench.methods import BaselineMethod, build_method, eagle3_method
-from specdecode.bench.output import Method
+from specdecode.bench.output import MeasureConfig, Method, summarize
 from specdecode.bench.plots import sweep_plots
 from specdecode.bench.store import Run, new_run_id, now
 from specdecode.core.speculative import default_draft_tokens, max_draft_tokens

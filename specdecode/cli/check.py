@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = session.loaded.model, session.loaded.tokenizer
     if args.self_draft:
         method, decoder_for = "self-draft", self_draft_decoder(
-            model, spec.config if isinstance(spec.config, SpecConfig) else spec.config.static())
+            model, spec.config if isinstance(spec.config, SpecConfig) else spec.config.static(), session.runner)
     else:
         decoder = build_decoder(spec, session)
         if not decoder.is_speculative:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("checking", total=len(encoded))
         report = check_lossless(model, tokenizer, decoder_for, encoded, args.max_new_tokens, args.tolerance,
-                                on_prompt=lambda row: progress.advance(task))
+                                on_prompt=lambda row: progress.advance(task), runner=session.runner)
     rows = report.rows
     mean = report.mean_accept_length
     agreement = report.agreement()

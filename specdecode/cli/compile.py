@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specdecode.runtime.compiling import PackageStore, build_lock
+    from specdecode.runtime.background import build_lock
+    from specdecode.runtime.compiling import PackageStore
 
     if args.prune:
         return prune(args.dry_run, Console(stderr=True))

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.core.engine import Engine
     from specdecode.core.profiler import format_profile
     from specdecode.core.requests import GenerateOptions, StreamChunk
-    from specdecode.runtime.compiling import BACKGROUND_ENV
+    from specdecode.runtime.background import BACKGROUND_ENV
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
 
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 def _builds_after(args: argparse.Namespace, session: Any) -> bool:
     """Whether this run's missing graphs are built after it (``_build_missing``), that build timing the
     cycle costs too: ``--compile auto`` on one CPU process, $SPECDECODE_BACKGROUND_COMPILE not 0."""
-    from specdecode.runtime.compiling import BACKGROUND_ENV
+    from specdecode.runtime.background import BACKGROUND_ENV
 
     return (args.compile == "auto" and session.device.type == "cpu" and session.world_size == 1
             and os.environ.get(BACKGROUND_ENV, "1") != "0")
@@ -174,7 +174,8 @@ def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: 
     The speculative ``shape`` this run decoded with (None: plain) is named, not chosen again: at 4 bits
     auto's pick changed between two calibrations (docs/LOG.md, 2026-12-06 evening), and a set built for
     another shape would leave this one eager."""
-    from specdecode.runtime.compiling import PackageStore, build_in_background
+    from specdecode.runtime.background import build_in_background
+    from specdecode.runtime.compiling import PackageStore
     from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
 
     steps = session.compiled

@@ -11,20 +11,20 @@ More in docs/serving.md.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
 from torch import Tensor
 
 from specdecode.core.attention import rows_mask
+from specdecode.core.compiled import CompiledRunner, fixed_rows, padded_rows, span_buckets
 from specdecode.core.kvcache import KVCache
-from specdecode.core.model import StepRunner, Transformer
+from specdecode.core.model import Transformer
 from specdecode.core.prefixcache import BLOCK, PrefixCache
 from specdecode.core.profiler import CycleRecord, PhaseClock, SpecProfile, TimeMeter
 from specdecode.core.requests import (
@@ -35,6 +35,7 @@ from specdecode.core.requests import (
     Tokenizer,
     check_context,
 )
+from specdecode.core.runner import EAGER, Drafter, StepRunner
 from specdecode.core.sampling import greedy_argmax, sample
 from specdecode.core.specpolicy import (
     CALIBRATION_ROUNDS,
@@ -45,7 +46,6 @@ from specdecode.core.specpolicy import (
     SpecPolicyName,
 )
 from specdecode.core.speculative import (
-    Drafter,
     ShapePolicy,
     SpecConfig,
     SpecRow,
@@ -147,9 +147,11 @@ class BatchEngine:
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, drafter: Drafter | None = None,
                  spec: SpecConfig | None = None, config: BatchConfig = BatchConfig(), *,
-                 adapt: ShapePolicy | None = None, sync: bool = True, comm: TimeMeter | None = None) -> None:
+                 adapt: ShapePolicy | None = None, sync: bool = True, comm: TimeMeter | None = None,
+                 runner: StepRunner = EAGER) -> None:
         """``adapt``: re-chooses the shape after every speculative step from each row's acceptance (the
-        caches are sized for its largest shape); ``sync`` and ``comm``: the phase clock's (``PhaseClock``)."""
+        caches are sized for its largest shape); ``sync`` and ``comm``: the phase clock's (``PhaseClock``);
+        ``runner``: how the target's and the drafter's steps run (eager, or compiled graphs)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.drafter = drafter if spec is not None else None
         self.spec = spec if drafter is not None else None  # the next speculative step's shape
@@ -166,7 +168,9 @@ class BatchEngine:
                              f"{context} tokens; use at most {context}")
         self.limit = config.slot_tokens or context
         self.margin = spec_margin(self.shapes) if self.drafting else 0
-        self._steps = self._fixed_steps() if config.batch_invariant else None
+        # batch-invariant: every step over the whole pool (EAGLE-3's drafts too: they then do not change with
+        # the batch either; the output would not anyway, being the target's choice per token at fixed shapes)
+        self.runner = fixed_rows(runner, model.device.type) if config.batch_invariant else runner
         self._pools: tuple[KVCache, KVCache | None] | None = None
         tokens = config.prefix_cache if config.prefix_cache is not None else config.slots * self.limit // 2
         self.prefix_tokens = tokens if tokens >= BLOCK else 0  # the prefix cache's size (0: none)
@@ -174,45 +178,17 @@ class BatchEngine:
         self.rows: list[_Row] = []
         self.decoding = 0  # rows [0, decoding) decode; the rest wait for (or are in) prefill
 
-    def _fixed_steps(self) -> StepRunner:
-        """Steps over the whole pool (``CompiledSteps.fixed_rows``): the model's compiled steps so set (their
-        graphs shared), else the same padding run eager. Installed only while this engine steps."""
-        from specdecode.core.compiled import CompiledSteps
-
-        if isinstance(self.model.steps, CompiledSteps):
-            return replace(self.model.steps, fixed_rows=True)
-        return CompiledSteps(self.model.device.type, compile=False, fixed_rows=True)
-
-    @property
-    def steps(self) -> StepRunner | None:
-        """The steps this engine's forwards run (its own fixed-rows copy when batch-invariant)."""
-        return self._steps if self._steps is not None else self.model.steps
-
-    def _own_steps(self) -> contextlib.AbstractContextManager[None]:
-        """The batch-invariant engine's steps on the target and its drafter (EAGLE-3's shares the target's:
-        its drafts then do not change with the batch either; the output would not anyway, being the
-        target's choice per token at fixed shapes), for one call."""
-        from specdecode.core.compiled import use_steps
-
-        if self._steps is None:
-            return contextlib.nullcontext()
-        return use_steps((self.model, self.drafter), self._steps)
-
     def allocate(self) -> None:
         """Allocate the KV pools now (else at the first request). On CPU, call it from the thread
         that steps: filling a large tensor starts an OpenMP team in the calling thread, and a
         second team on the same cores throttles both (``runtime.session.on_passing_thread``)."""
         if self._pools is None:
-            with self._own_steps():  # caches sized for the steps that will run on them
-                self._allocate()
-
-    def _allocate(self) -> None:
-        if self._pools is None:
-            tpool = self.model.new_cache(self.config.slots, self.limit)
+            # sized for the runner (a compiled one rounds them to its buckets)
+            tpool = self.model.new_cache(self.config.slots, self.runner.capacity(self.limit))
             dpool = None
             if self.drafting and self.drafter is not None and self.shapes:
                 extra = max(s.draft_scratch for s in self.shapes)
-                dpool = self.drafter.new_cache(self.limit + extra, self.config.slots)
+                dpool = self.drafter.new_cache(self.runner.capacity(self.limit + extra), self.config.slots)
             if self.prefix_tokens:  # whole prefill chunks only: a repeat computes what the first request did
                 self._prefix = PrefixCache(self.prefix_tokens, tpool, aligned=self.config.prefill_chunk,
                                            taps=self._taps_width())
@@ -225,40 +201,37 @@ class BatchEngine:
     def warm(self, max_len: int | None = None, on_span: Callable[[int, int], None] | None = None,
              seal: bool = False) -> int:
         """Compile now (or load from their store) the graphs of this engine's decode steps when the
-        model runs compiled steps (``core.compiled.CompiledSteps``): every batch size bucket up to the
+        model runs compiled steps (``core.compiled.CompiledRunner``): every batch size bucket up to the
         slots (the whole pool when batch-invariant), every attention span for contexts of up to
         ``max_len`` tokens (default: the slot limit), the plain and speculative steps the policy may
         take. Prefill chunks stay eager. ``on_span(i, n)`` hears progress by span. ``seal``: then
         compile nothing more (a shape not warmed runs its padded step eager), so that no request of a
         server waits minutes for the compiler. Call it before any request, on the thread that steps;
         returns how many graphs were compiled (0: eager steps)."""
-        from specdecode.core.compiled import CompiledSteps, padded_rows, span_buckets
-
-        with self._own_steps():
-            steps = self.model.steps
-            if not isinstance(steps, CompiledSteps) or not steps.compile or self.rows:
-                return 0
-            self._allocate()
-            assert self._pools is not None
-            tpool, dpool = self._pools
-            slots = self.config.slots
-            sizes = [slots] if steps.fixed_rows else sorted({padded_rows(b, slots) for b in range(1, slots + 1)})
-            spans = span_buckets(max_len or self.limit, tpool.max_len)
-            plain = None if self.policy.name == "always" else self._aux()
-            spec = self.spec if self.drafting else None
-            before = len(steps.compiled)
-            for i, span in enumerate(spans):
-                if on_span is not None:
-                    on_span(i, len(spans))
-                for b in sizes:
-                    steps.warm_rows(self.model, self.drafter, tpool.rows(0, b),
-                                    dpool.rows(0, b) if dpool is not None else None, span, spec, plain,
-                                    catch_up=plain is not None)
+        steps = self.runner
+        if not isinstance(steps, CompiledRunner) or not steps.compile or self.rows:
+            return 0
+        self.allocate()
+        assert self._pools is not None
+        tpool, dpool = self._pools
+        slots = self.config.slots
+        sizes = [slots] if steps.fixed_rows else sorted({padded_rows(b, slots) for b in range(1, slots + 1)})
+        spans = span_buckets(max_len or self.limit, tpool.max_len)
+        plain = None if self.policy.name == "always" else self._aux()
+        spec = self.spec if self.drafting else None
+        before = len(steps.compiled)
+        for i, span in enumerate(spans):
             if on_span is not None:
-                on_span(len(spans), len(spans))
-            if seal:
-                steps.build = False
-            return len(steps.compiled) - before
+                on_span(i, len(spans))
+            for b in sizes:
+                steps.warm_rows(self.model, self.drafter, tpool.rows(0, b),
+                                dpool.rows(0, b) if dpool is not None else None, span, spec, plain,
+                                catch_up=plain is not None)
+        if on_span is not None:
+            on_span(len(spans), len(spans))
+        if seal:
+            steps.build = False
+        return len(steps.compiled) - before
 
     def check_calibration(self, prompt_tokens: int, steps: int = CALIBRATION_STEPS) -> None:
         """Refuse (ValueError) slots too short for ``calibrate``: its prompt, then an untimed and ``steps``
@@ -401,8 +374,7 @@ class BatchEngine:
         """A prefill chunk of the waiting request that has had the fewest, then one decode step of every
         decoding row (``decode=False``: the prefill chunk only; a request alone so gets its first token
         before its first decode step)."""
-        with self._own_steps():
-            return self._step(decode)
+        return self._step(decode)
 
     def _step(self, decode: bool) -> StepReport:
         report = StepReport()
@@ -449,7 +421,7 @@ class BatchEngine:
         row = self.rows[j]
         a = row.length
         b = min(a + self.config.prefill_chunk, len(row.prompt))
-        logits = prefill(self.model, self.tpool.rows(j, j + 1, a), row, row.prompt, b, self._aux())
+        logits = prefill(self.model, self.tpool.rows(j, j + 1, a), row, row.prompt, b, self._aux(), self.runner)
         report.prefill_tokens += b - a
         if b < len(row.prompt):
             return
@@ -458,7 +430,7 @@ class BatchEngine:
         root = int(sample(logits, row.options.sampling, row.generator))
         if self._aux():
             assert self.drafter is not None and self.dpool is not None
-            start_draft(self.drafter, self.dpool.rows(j, j + 1), row, root)  # the whole prompt, as alone
+            start_draft(self.drafter, self.dpool.rows(j, j + 1), row, root, self.runner)  # the whole prompt
         row.root = root
         if j != self.decoding:
             self._swap(j, self.decoding)
@@ -480,8 +452,8 @@ class BatchEngine:
         mask = rows_mask([r.length for r in rows], torch.ones(n, 1, 1, dtype=torch.bool, device=device),
                          max(r.length for r in rows) + 1)
         aux = self._aux()
-        out = self.model(torch.tensor([[r.root] for r in rows], device=device), lengths[:, None],
-                         self.tpool.rows(0, n), attention_mask=mask, hidden_layers=aux, slots=lengths[:, None])
+        out = self.runner.target(self.model, torch.tensor([[r.root] for r in rows], device=device), lengths[:, None],
+                                 self.tpool.rows(0, n), attention_mask=mask, hidden_layers=aux, slots=lengths[:, None])
         hidden = torch.cat(out.hidden_states, -1) if aux else None
         catch_up = False
         # one argmax over the batch (per-row calls took 7% of a 32-row step)
@@ -504,7 +476,7 @@ class BatchEngine:
         n = self.decoding
         rows = self.rows[:n]
         cycle = spec_cycle(self.model, self.drafter, self.tpool.rows(0, n), self.dpool.rows(0, n), rows, self.spec,
-                           PhaseClock(self.model.device, self.sync, self.comm))
+                           PhaseClock(self.model.device, self.sync, self.comm), self.runner)
         for row, new_tokens, record in zip(rows, cycle.tokens, cycle.records, strict=True):
             row.profile.add(record)
             report.cycles.append(record)
@@ -517,7 +489,7 @@ class BatchEngine:
     def _extend_all(self) -> None:
         """Every decoding row's pending pairs through the drafter, in one batched forward."""
         assert self.drafter is not None and self.dpool is not None
-        extend_rows(self.drafter, self.dpool.rows(0, self.decoding), self.rows[:self.decoding])
+        extend_rows(self.drafter, self.dpool.rows(0, self.decoding), self.rows[:self.decoding], self.runner)
 
     # ------------------------------------------------------------ pool rows
 
@@ -556,7 +528,8 @@ def generate_all(model: Transformer, prompts: Sequence[Sequence[int]],
                  options: GenerateOptions | Sequence[GenerateOptions], stop_token_ids: Sequence[int],
                  config: BatchConfig = BatchConfig(slots=32, spec_policy="never"),
                  drafter: Drafter | None = None, spec: SpecConfig | None = None,
-                 on_done: Callable[[int, list[int]], None] | None = None) -> list[list[int]]:
+                 on_done: Callable[[int, list[int]], None] | None = None,
+                 runner: StepRunner = EAGER) -> list[list[int]]:
     """Offline generation for many prompts through continuous batching (``data build``): each
     prompt's new token ids, ending at its first stop token (included) or after its
     ``max_new_tokens``; requests join as others finish, so no row waits for the longest.
@@ -564,7 +537,7 @@ def generate_all(model: Transformer, prompts: Sequence[Sequence[int]],
     per = [options] * len(prompts) if isinstance(options, GenerateOptions) else list(options)
     if len(per) != len(prompts):
         raise ValueError(f"{len(per)} options for {len(prompts)} prompts")
-    engine = BatchEngine(model, TokenIdsOnly(tuple(stop_token_ids)), drafter, spec, config)
+    engine = BatchEngine(model, TokenIdsOnly(tuple(stop_token_ids)), drafter, spec, config, runner=runner)
     out: list[list[int]] = [[] for _ in prompts]
     queue = list(range(len(prompts)))
     while queue or engine.active:

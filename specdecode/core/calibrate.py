@@ -11,11 +11,12 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specdecode.core.costmodel import CycleCosts, ShapeCost, shape_key
-from specdecode.core.engine import Engine
+from specdecode.core.engine import BaselineDecoder, Engine
 from specdecode.core.model import Transformer
 from specdecode.core.profiler import CycleRecord
 from specdecode.core.requests import GenerateOptions, TokenIdsOnly
-from specdecode.core.speculative import Drafter, Eagle3Decoder, SpecConfig, extend_draft
+from specdecode.core.runner import EAGER, Drafter, StepRunner
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig, extend_draft
 
 BASELINE_EVERY = 4  # shapes measured between two segments of plain steps
 BASELINE_STEPS = 6  # timed plain steps a segment
@@ -25,11 +26,13 @@ def _median_ms(values: Sequence[float]) -> float:
     return 1000 * statistics.median(values)
 
 
-def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: int, warmup: int = 2) -> list[float]:
+def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: int, warmup: int = 2,
+                        runner: StepRunner = EAGER) -> list[float]:
     """Seconds between plain decode steps (the prefill and ``warmup`` steps excluded)."""
     times, last = [], 0.0
     options = GenerateOptions(max_new_tokens=steps + warmup + 1, stop_token_ids=())
-    for i, _ in enumerate(Engine(target, TokenIdsOnly(())).stream(prompt_ids, options)):
+    for i, _ in enumerate(Engine(target, TokenIdsOnly(()), BaselineDecoder(runner=runner)).stream(prompt_ids,
+                                                                                                   options)):
         synchronize(target.device)  # the token is read on the host anyway; a no-op on CPU
         now = time.perf_counter()
         if i > warmup:
@@ -39,10 +42,11 @@ def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: i
 
 
 def shape_cycles(target: Transformer, drafter: Drafter, shape: SpecConfig, prompt_ids: Sequence[int],
-                 cycles: int, warmup: int = 1) -> list[CycleRecord]:
+                 cycles: int, warmup: int = 1, runner: StepRunner = EAGER) -> list[CycleRecord]:
     """``cycles`` real cycles of ``shape`` (greedy) after ``warmup``, each with its phase times."""
     options = GenerateOptions(max_new_tokens=(cycles + warmup + 1) * (shape.max_depth + 1) + 1, stop_token_ids=())
-    batch = Engine(target, TokenIdsOnly(()), Eagle3Decoder(drafter, shape)).batch_for(len(prompt_ids), options)
+    decoder = Eagle3Decoder(drafter, shape, runner=runner)
+    batch = Engine(target, TokenIdsOnly(()), decoder).batch_for(len(prompt_ids), options)
     with torch.inference_mode():  # as Engine.stream
         batch.add(0, prompt_ids, options)
     batch.step(decode=False)
@@ -54,19 +58,19 @@ def shape_cycles(target: Transformer, drafter: Drafter, shape: SpecConfig, promp
 
 @torch.inference_mode()
 def extend_ms(target: Transformer, drafter: Drafter, prompt_ids: Sequence[int], tokens: Sequence[int],
-              repeats: int) -> dict[int, float]:
+              repeats: int, runner: StepRunner = EAGER) -> dict[int, float]:
     """Median ms of the draft re-extend over T pairs after the prompt's, per T: the pairs are the
     target's own taps over the prompt (its dtype, its device) with the prompt's next tokens."""
     device, n = target.device, len(prompt_ids)
     if n <= max(tokens):
         raise ValueError(f"the calibration prompt ({n} tokens) must be longer than the re-extend ({max(tokens)})")
     ids = torch.tensor(prompt_ids, device=device)
-    out = target(ids.view(1, -1), torch.arange(n, device=device), target.new_cache(1, n),
-                 hidden_layers=drafter.config.aux_layer_ids)
+    out = runner.target(target, ids.view(1, -1), torch.arange(n, device=device), target.new_cache(1, n),
+                        hidden_layers=drafter.config.aux_layer_ids)
     taps = torch.cat(out.hidden_states, -1)[0]
-    cache = drafter.new_cache(n + max(tokens) + 1)
+    cache = drafter.new_cache(runner.capacity(n + max(tokens) + 1))
     context = n - max(tokens) - 1
-    extend_draft(drafter, cache, taps[:context], ids[1:context + 1], 0)
+    extend_draft(drafter, cache, taps[:context], ids[1:context + 1], 0, runner)
     times: dict[int, float] = {}
     for t in tokens:
         samples = []
@@ -74,7 +78,7 @@ def extend_ms(target: Transformer, drafter: Drafter, prompt_ids: Sequence[int], 
             cache.truncate(context)
             synchronize(device)
             t0 = time.perf_counter()
-            extend_draft(drafter, cache, taps[context:context + t], ids[context + 1:context + 1 + t], context)
+            extend_draft(drafter, cache, taps[context:context + t], ids[context + 1:context + 1 + t], context, runner)
             synchronize(device)
             samples.append(time.perf_counter() - t0)
         times[t] = _median_ms(samples[1:])
@@ -88,7 +92,7 @@ def synchronize(device: torch.device) -> None:
 
 def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[SpecConfig],
                         prompt_ids: Sequence[int], cycles: int = 4, rounds: int = 2,
-                        on_shape: Callable[[str], None] | None = None) -> CycleCosts:
+                        on_shape: Callable[[str], None] | None = None, runner: StepRunner = EAGER) -> CycleCosts:
     """Every cost the cost model needs for ``shapes`` on this target and drafter, as decoding
     runs them (the same loop, cache and kernels), after ``prompt_ids``: per shape, the medians of
     ``cycles`` cycles in each of ``rounds`` rounds (after one warm-up each), and the plain steps
@@ -106,7 +110,7 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
     near: dict[str, list[float]] = {}
     for r in range(rounds):
         order = list(shapes) if r % 2 == 0 else list(reversed(shapes))
-        before = baseline_step_times(target, prompt_ids, steps=BASELINE_STEPS)
+        before = baseline_step_times(target, prompt_ids, steps=BASELINE_STEPS, runner=runner)
         segments.append(before)
         for g in range(0, len(order), BASELINE_EVERY):
             group = order[g:g + BASELINE_EVERY]
@@ -114,8 +118,8 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
                 if on_shape:
                     on_shape(shape_key(shape))
                 records.setdefault(shape_key(shape), []).extend(shape_cycles(target, drafter, shape, prompt_ids,
-                                                                             cycles))
-            after = baseline_step_times(target, prompt_ids, steps=BASELINE_STEPS)
+                                                                             cycles, runner=runner))
+            after = baseline_step_times(target, prompt_ids, steps=BASELINE_STEPS, runner=runner)
             segments.append(after)
             for shape in group:
                 near.setdefault(shape_key(shape), []).extend(before + after)
@@ -126,7 +130,7 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
         draft, verify, other = (_median_ms([r.times.get(p, 0.0) for r in rs]) for p in ("draft", "verify", "other"))
         costs[shape_key(shape)] = ShapeCost(draft, verify, other, _median_ms(near[shape_key(shape)]))
     deepest = max(s.max_depth for s in shapes) + 1
-    isolated = extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), 2 * cycles)
+    isolated = extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), 2 * cycles, runner)
     return CycleCosts(_median_ms([t for seg in segments for t in seg]), costs,
                       in_loop_extend(isolated, [r for rs in records.values() for r in rs]))
 

@@ -18,8 +18,7 @@ import functools
 import time
 import types
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -27,9 +26,12 @@ import torch
 import torch._dynamo
 from torch import Tensor, nn
 
+from specdecode.core.attention import resolve_call
+from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.kvcache import KVCache
-from specdecode.core.model import StepRunner, Transformer
+from specdecode.core.model import ForwardOutput, Transformer
 from specdecode.core.requests import check_context
+from specdecode.core.runner import EAGER, Drafter, StepRunner
 from specdecode.core.speculative import SpecConfig
 
 COMPILE_MODES = ("auto", "on", "off")
@@ -51,7 +53,7 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int:
 
 def span_bucket(span: int, limit: int) -> int:
     """Attention span for ``span`` keys: the next power of two from MIN_SPAN, at most ``limit`` (a
-    cache's size: caches of compiled models are bucket-sized, ``CompiledSteps.capacity``)."""
+    cache's size: caches of compiled models are bucket-sized, ``CompiledRunner.capacity``)."""
     s = MIN_SPAN
     while s < span:
         s *= 2
@@ -159,8 +161,9 @@ class DraftStep(nn.Module):
 
 
 @dataclass
-class CompiledSteps:
-    """A ``core.model.StepRunner``: install as ``model.steps``. One per model."""
+class CompiledRunner:
+    """A ``core.runner.StepRunner`` that runs calls of few tokens per row through compiled graphs: a
+    driver is given it when built (``runtime.decoders`` passes the session's). One per model."""
 
     device_type: str = "cpu"
     max_tokens: int = TOKEN_BUCKETS[-1]
@@ -179,25 +182,54 @@ class CompiledSteps:
     loaded: list[GraphKey] = field(default_factory=list)  # graphs taken from the store, in order
 
     def serves(self, batch: int, tokens: int, drafter: Any = None) -> bool:
-        """Whether a call of ``tokens`` per row runs here (a ``drafter``'s: where its graphs pay)."""
+        """Whether a call of ``tokens`` per row runs here (a ``drafter``'s: an EAGLE-3 head, where its graphs
+        pay); other calls (prefill chunks, a self-drafter's) run the module's own forward."""
         return (tokens <= self.max_tokens and not torch.is_grad_enabled()
-                and (drafter is None or inductor_packs(drafter.dtype, self.device_type)))
+                and (drafter is None or (isinstance(drafter, Eagle3Drafter)
+                                         and inductor_packs(drafter.dtype, self.device_type))))
 
     def capacity(self, max_len: int) -> int:
         """A cache's size rounded up to a span bucket, so requests of similar lengths share graphs."""
         return span_bucket(max_len, max(max_len, MIN_SPAN) * 2)
 
-    def __call__(self, model: Transformer, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-                 cache: KVCache, taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
-        """``model.step`` over these inputs, padded to their bucket's graph."""
+    def target(self, model: Transformer, tokens: Tensor, positions: Tensor, cache: KVCache,
+               attention_mask: Tensor | None = None, hidden_layers: Sequence[int] = (),
+               logits_at: Tensor | None = None, slots: Tensor | None = None) -> ForwardOutput:
+        """``model.forward``'s call: ``model.step`` padded to its bucket's graph where ``serves``, else eager."""
+        B, T = tokens.shape
+        if not self.serves(B, T):
+            return model(tokens, positions, cache, attention_mask, hidden_layers, logits_at, slots)
+        taps = model.taps(hidden_layers)
+        start, mask = resolve_call(cache, B, T, attention_mask, slots, True, tokens.device)
+        assert isinstance(start, Tensor) and mask is not None
+        logits, hidden = self._target(model, tokens, positions.expand(B, T), start, mask, cache, taps)
+        if slots is None:
+            cache.length += T
+        return ForwardOutput(logits if logits_at is None else logits[:, logits_at], hidden)
+
+    def draft(self, drafter: Drafter, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
+              attention_mask: Tensor | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """A drafter's call the same way (an EAGLE-3 head's ``step``): one graph per bucket and hidden width
+        (the target's fused taps, or the draft's own state)."""
+        B, T = tokens.shape
+        if not self.serves(B, T, drafter):
+            return drafter(tokens, hidden, positions, cache, attention_mask, slots)
+        start, mask = resolve_call(cache, B, T, attention_mask, slots, True, tokens.device, "draft cache")
+        assert isinstance(start, Tensor) and mask is not None
+        logits, h = self._draft(drafter, tokens, hidden, positions.expand(B, T), start, mask, cache)
+        if slots is None:
+            cache.length += T
+        return logits, h
+
+    def _target(self, model: Transformer, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+                cache: KVCache, taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
+        """``model.step`` over these inputs (the static form), padded to their bucket's graph."""
         logits, hidden = self._run(f"target{list(taps)}", model, lambda: TargetStep(model, taps), tokens, positions,
                                    slots, mask, cache, ())
         return logits, list(hidden)
 
-    def draft(self, drafter: Any, tokens: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-              cache: KVCache) -> tuple[Tensor, Tensor]:
-        """A drafter's ``step`` (``core.drafter.Eagle3Drafter``) the same way: one graph per bucket and
-        hidden width (the target's fused taps, or the draft's own state)."""
+    def _draft(self, drafter: Any, tokens: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+               cache: KVCache) -> tuple[Tensor, Tensor]:
         logits, h = self._run(f"draft[{hidden.shape[-1]}]", drafter, lambda: DraftStep(drafter), tokens, positions,
                               slots, mask, cache, (hidden,))
         return logits, h
@@ -212,9 +244,9 @@ class CompiledSteps:
         else:
             Bp, at = padded_rows(B, pool.batch_size - row0), 0  # padding: the pool's next rows
         Tp = bucket(T, TOKEN_BUCKETS)
-        # A request's own cache is sized to a bucket (capacity()) and attended over whole: one graph per
-        # cache size. A pool (continuous batching) is as long as the longest request allowed, so its
-        # span follows the longest row's context in powers of two. Keys [0, Sp): never the scratch slot.
+        # A pool's rows (a driver's, a request alone being a one-row pool) attend a span that follows the
+        # longest row's context in powers of two; a plain cache (a direct call) is attended whole. Keys
+        # [0, Sp): never the scratch slot.
         Sp = span_bucket(S, cache.max_len) if pool.batch_size > 1 or cache.parent is not None else cache.max_len
         view = pool.rows(row0 - at, row0 - at + Bp) if Bp != B else cache
         # always fresh contiguous inputs: strides are part of what a graph was compiled for
@@ -301,8 +333,8 @@ class CompiledSteps:
         need = check_context(prompt_len, max_new_tokens, model.config.max_position_embeddings,
                              spec.margin if spec else 0)
         with torch.inference_mode():
-            pool = model.new_cache(1, need)
-            dpool = drafter.new_cache(need + spec.draft_scratch) if spec is not None else None
+            pool = model.new_cache(1, self.capacity(need))
+            dpool = drafter.new_cache(self.capacity(need + spec.draft_scratch)) if spec is not None else None
             for span in span_buckets(need, pool.max_len):
                 self.warm_rows(model, drafter, pool.rows(0, 1), dpool.rows(0, 1) if dpool is not None else None,
                                span, spec, () if spec is None else None)
@@ -320,12 +352,12 @@ class CompiledSteps:
         B = cache.batch_size
         with torch.inference_mode():
             if plain is not None:
-                self(model, *dummy_inputs(B, 1, span, model.device), cache, plain)
+                self._target(model, *dummy_inputs(B, 1, span, model.device), cache, plain)
             if spec is None:
                 return
             assert dcache is not None, "speculative steps draft over a drafter's cache"
             taps = tuple(drafter.config.aux_layer_ids)
-            self(model, *dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
+            self._target(model, *dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
             if not inductor_packs(drafter.dtype, self.device_type):
                 return  # its steps run eager (``serves``)
             width = len(taps) * model.config.hidden_size
@@ -336,7 +368,7 @@ class CompiledSteps:
             for t, w in calls:
                 hidden = torch.zeros(B, t, w, dtype=model.dtype, device=model.device)
                 tokens, positions, slots, mask = dummy_inputs(B, t, min(span, dcache.max_len), model.device)
-                self.draft(drafter, tokens, hidden, positions, slots, mask, dcache)
+                self._draft(drafter, tokens, hidden, positions, slots, mask, dcache)
 
 
 def mark_static(cache: KVCache) -> None:
@@ -408,25 +440,18 @@ def configure_inductor(device_type: str) -> None:
     _configured.add(device_type)
 
 
-def stored_only(steps: StepRunner | None) -> CompiledSteps | None:
-    """What a measurement of the run's own steps times without compiling anything now: ``steps``'
-    stored graphs (loaded, shared with ``steps``), the other buckets' padded steps eager; None (eager)
-    where ``steps`` keep no store (eager steps, or CUDA graphs captured in each process)."""
-    if not isinstance(steps, CompiledSteps) or not steps.compile or steps.store is None:
-        return None
-    return replace(steps, build=False, eager={})
+def stored_only(runner: StepRunner) -> StepRunner:
+    """What a measurement of the run's own steps times without compiling anything now: ``runner``'s
+    stored graphs (loaded, shared with ``runner``), the other buckets' padded steps eager; eager where
+    ``runner`` keeps no store (eager steps, or CUDA graphs captured in each process)."""
+    if not isinstance(runner, CompiledRunner) or not runner.compile or runner.store is None:
+        return EAGER
+    return replace(runner, build=False, eager={})
 
 
-@contextmanager
-def use_steps(modules: Sequence[Any], steps: StepRunner | None) -> Iterator[None]:
-    """Set ``steps`` on a target and its drafter for a while (a bench method's ``compile=on|off``,
-    the eager calibration of cycle costs), then put back what each had. Modules without compiled
-    steps (a self-drafter) are left alone."""
-    saved = [(m, m.steps) for m in modules if hasattr(m, "steps")]
-    for m, _ in saved:
-        m.steps = steps
-    try:
-        yield
-    finally:
-        for m, old in saved:
-            m.steps = old
+def fixed_rows(runner: StepRunner, device_type: str) -> CompiledRunner:
+    """``runner`` over a pool's every row (batch invariance, ``CompiledRunner.fixed_rows``): a compiled
+    runner's copy (its graphs shared), else the same padding run eager."""
+    if isinstance(runner, CompiledRunner):
+        return replace(runner, fixed_rows=True)
+    return CompiledRunner(device_type, compile=False, fixed_rows=True)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from specdecode.core.attention import resolve_call, rope_cos_sin, rope_inv_freq
 from specdecode.core.kernels import Linear
 from specdecode.core.kvcache import KVCache
-from specdecode.core.model import MLP, Attention, ModelConfig, RMSNorm, StepRunner, Transformer
+from specdecode.core.model import MLP, Attention, ModelConfig, RMSNorm, Transformer
 
 
 @dataclass
@@ -57,7 +57,6 @@ class DraftLayer(nn.Module):
 class Eagle3Drafter(nn.Module):
     d2t: Tensor  # [draft_vocab] offsets: target id = draft id + d2t[draft id] (buffer)
     t2d: Tensor  # [vocab] bool: target ids in the draft vocabulary (buffer)
-    steps: StepRunner | None = None  # compiled steps (shared with the target's); None: eager
 
     def __init__(self, config: DrafterConfig, embed_tokens: nn.Embedding) -> None:
         super().__init__()
@@ -86,8 +85,6 @@ class Eagle3Drafter(nn.Module):
         return self.fc.weight.dtype
 
     def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache:
-        if self.steps is not None:  # bucket-sized, as the target's (Transformer.new_cache)
-            max_len = self.steps.capacity(max_len)
         c = self.config.layer
         return KVCache.allocate(1, batch_size, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
@@ -99,26 +96,20 @@ class Eagle3Drafter(nn.Module):
         """One draft step for ``tokens`` [B, T] paired with ``hidden`` [B, T, 3*H_t] (fused
         target taps) or [B, T, H] (the draft's own output). Returns draft-vocab logits and
         the pre-norm output hidden state that the next step feeds back. ``slots``: per-row
-        cache slots with a [B, T, S] mask, as in ``Transformer.forward`` (and, as there, calls of
-        few tokens run compiled when ``self.steps`` is set)."""
+        cache slots with a [B, T, S] mask, as in ``Transformer.forward``."""
         B, T = tokens.shape
-        compiled = self.steps is not None and self.steps.serves(B, T, self)
-        start, mask = resolve_call(cache, B, T, attention_mask, slots, compiled, tokens.device, "draft cache")
+        start, mask = resolve_call(cache, B, T, attention_mask, slots, False, tokens.device, "draft cache")
         if positions.dim() == 1:
             positions = positions.expand(B, T)
-        if compiled:
-            assert self.steps is not None and isinstance(start, Tensor) and mask is not None
-            logits, h = self.steps.draft(self, tokens, hidden, positions, start, mask, cache)
-        else:
-            logits, h = self.step(tokens, hidden, positions, start, mask, cache.k, cache.v)
+        logits, h = self.step(tokens, hidden, positions, start, mask, cache.k, cache.v)
         if slots is None:
             cache.length += T
         return logits, h
 
     def step(self, tokens: Tensor, hidden: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
              ks: Sequence[Tensor], vs: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-        """The draft layer and head; with tensor ``start`` (slots) and a [B, 1, T, S] mask, the static-shape
-        step ``core.compiled`` compiles."""
+        """The draft layer and head; with tensor ``start`` (slots) and a [B, 1, T, S] mask, a static-shape
+        step (as ``Transformer.step``)."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
         layer = self.midlayer

@@ -23,6 +23,7 @@ from specdecode.core.requests import (
     Tokenizer,
     check_context,
 )
+from specdecode.core.runner import EAGER, StepRunner
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig, spec_margin
 
 
@@ -37,6 +38,7 @@ class BaselineDecoder:
     sync: bool = True
     comm: None = None
     max_depth: int = 0
+    runner: StepRunner = EAGER  # how steps run: eager, or compiled (runtime.decoders gives the session's)
 
     @property
     def shapes(self) -> list[SpecConfig]:
@@ -69,7 +71,7 @@ class Engine:
         config = BatchConfig(slots=1, slot_tokens=need, prefill_chunk=prompt_len,
                              spec_policy="never" if d.spec is None else "always", prefix_cache=0)
         return BatchEngine(self.model, self.tokenizer, d.drafter, d.spec, config, adapt=policy, sync=d.sync,
-                           comm=d.comm)
+                           comm=d.comm, runner=d.runner)
 
     def stream(self, prompt_ids: Sequence[int], options: GenerateOptions = GenerateOptions(),
                profile: SpecProfile | None = None) -> Iterator[StreamChunk]:
@@ -86,6 +88,8 @@ class Engine:
                 for record in report.cycle_records():
                     profile.add(record)
             for _, chunk in report.events:
+                if chunk.finish_reason and profile is not None and batch.adapt is not None:
+                    profile.shape_changes = list(getattr(batch.adapt, "changes", ()))  # when, and to what
                 yield chunk
                 if chunk.finish_reason:
                     return

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from specdecode.core.engine import Engine, TokenDecoder, baseline_decode
+from specdecode.core.engine import BaselineDecoder, Engine, TokenDecoder
 from specdecode.core.model import Transformer
 from specdecode.core.requests import GenerateOptions, Tokenizer
+from specdecode.core.runner import EAGER, StepRunner
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 
@@ -104,21 +105,23 @@ class LosslessReport:
                 "tolerance": self.tolerance, "above_tolerance": len(self.bugs)}
 
 
-def self_draft_decoder(model: Transformer, config: SpecConfig) -> Callable[[Sequence[int]], TokenDecoder]:
+def self_draft_decoder(model: Transformer, config: SpecConfig,
+                       runner: StepRunner = EAGER) -> Callable[[Sequence[int]], TokenDecoder]:
     """Per prompt: EAGLE-3 with the target drafting for itself (every proposal must be accepted)."""
-    return lambda ids: Eagle3Decoder(SelfDrafter(model, model, ids[0]), config)
+    return lambda ids: Eagle3Decoder(SelfDrafter(model, model, ids[0]), config, runner=runner)
 
 
 def check_lossless(model: Transformer, tokenizer: Tokenizer, decoder_for: Callable[[Sequence[int]], TokenDecoder],
                    prompts: Sequence[tuple[str, str, Sequence[int]]], max_new_tokens: int = 64,
-                   tolerance: float | None = None,
-                   on_prompt: Callable[[dict[str, Any]], None] | None = None) -> LosslessReport:
+                   tolerance: float | None = None, on_prompt: Callable[[dict[str, Any]], None] | None = None,
+                   runner: StepRunner = EAGER) -> LosslessReport:
     """Greedy baseline vs speculative decoding on each ``(prompt_id, category, token_ids)``;
     ``decoder_for(ids)`` gives the speculative decoder of a prompt (``lambda ids: decoder``, or
     ``self_draft_decoder(...)``, whose drafter depends on the prompt). ``tolerance``: the largest
-    top-2 gap at a divergence that counts as rounding (default: the model dtype's, ``TOLERANCES``)."""
+    top-2 gap at a divergence that counts as rounding (default: the model dtype's, ``TOLERANCES``); ``runner``:
+    the baseline's steps (the speculative decoder's own in each decoder)."""
     options = GenerateOptions(max_new_tokens=max_new_tokens)
-    base_engine = Engine(model, tokenizer, baseline_decode)
+    base_engine = Engine(model, tokenizer, BaselineDecoder(runner=runner))
     report = LosslessReport(tolerance=default_tolerance(model.dtype) if tolerance is None else tolerance)
     for prompt_id, category, ids in prompts:
         base = base_engine.generate(ids, options)

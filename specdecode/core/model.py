@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -157,24 +157,7 @@ class ForwardOutput:
     hidden_states: list[Tensor] = field(default_factory=list)  # hidden entering each tapped layer
 
 
-class StepRunner(Protocol):
-    """Runs ``Transformer.step`` (and a drafter's ``step``: ``draft``) for the calls it serves
-    (``core.compiled.CompiledSteps``)."""
-
-    def serves(self, batch: int, tokens: int, drafter: Any = None) -> bool: ...
-
-    def capacity(self, max_len: int) -> int: ...
-
-    def __call__(self, model: Transformer, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-                 cache: KVCache, taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]: ...
-
-    def draft(self, drafter: Any, tokens: Tensor, hidden: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-              cache: KVCache) -> tuple[Tensor, Tensor]: ...
-
-
 class Transformer(nn.Module):
-    steps: StepRunner | None = None  # compiled steps (``runtime.session`` installs them); None: eager
-
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -202,8 +185,6 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         max_len = max_len or self.config.max_position_embeddings
-        if self.steps is not None:  # a bucket's size: one graph serves every request of about this length
-            max_len = self.steps.capacity(max_len)
         # Heads as the attention modules hold them: a sharded model (tensor parallelism) keeps
         # only its own KV heads, and its cache with it.
         attn = cast(DecoderLayer, self.layers[0]).self_attn if len(self.layers) else None
@@ -230,31 +211,26 @@ class Transformer(nn.Module):
         slots: [B, T] cache slot of each new token, per row (continuous batching: rows of
         different lengths); then ``attention_mask`` [B, T, S] is required, keys are slots
         ``[0, S)`` and ``cache.length`` is left to the caller.
-
-        With compiled steps installed (``self.steps``, ``core.compiled``), calls of few tokens run
-        the static-shape ``step`` through them: the same formula, shapes padded to buckets.
         """
         B, T = tokens.shape
+        taps = self.taps(hidden_layers)
+        if positions.dim() == 1:
+            positions = positions.expand(B, T)
+        start, mask = resolve_call(cache, B, T, attention_mask, slots, False, tokens.device)
+        x, hidden = self.layers_forward(tokens, positions, start, mask, cache.k, cache.v, taps)
+        if logits_at is not None:
+            x = x[:, logits_at]
+        if slots is None:
+            cache.length += T
+        return ForwardOutput(self.lm_head(self.norm(x)), hidden)
+
+    def taps(self, hidden_layers: Sequence[int]) -> tuple[int, ...]:
+        """``hidden_layers`` checked: layer indices whose input hidden states a call returns (num_layers: the
+        last layer's output)."""
         taps = tuple(hidden_layers)
         if any(not 0 <= i <= self.config.num_layers for i in taps):
             raise ValueError(f"hidden_layers {list(taps)} out of range for {self.config.num_layers} layers")
-        if positions.dim() == 1:
-            positions = positions.expand(B, T)
-        compiled = self.steps is not None and self.steps.serves(B, T)
-        start, mask = resolve_call(cache, B, T, attention_mask, slots, compiled, tokens.device)
-        if compiled:
-            assert self.steps is not None and isinstance(start, Tensor) and mask is not None
-            logits, hidden = self.steps(self, tokens, positions, start, mask, cache, taps)
-            if logits_at is not None:
-                logits = logits[:, logits_at]
-        else:
-            x, hidden = self.layers_forward(tokens, positions, start, mask, cache.k, cache.v, taps)
-            if logits_at is not None:
-                x = x[:, logits_at]
-            logits = self.lm_head(self.norm(x))
-        if slots is None:
-            cache.length += T
-        return ForwardOutput(logits, hidden)
+        return taps
 
     def layers_forward(self, tokens: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,
                        ks: Sequence[Tensor], vs: Sequence[Tensor],
@@ -274,7 +250,7 @@ class Transformer(nn.Module):
 
     def step(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, ks: Sequence[Tensor],
              vs: Sequence[Tensor], taps: tuple[int, ...]) -> tuple[Tensor, list[Tensor]]:
-        """The static-shape step ``core.compiled`` compiles: tokens, positions, slots [B, T], mask
+        """The static-shape step: tokens, positions, slots [B, T], mask
         [B, 1, T, S], every layer's cache tensor; no Python number derived from a length.
         Returns logits [B, T, V] and the taps."""
         x, hidden = self.layers_forward(tokens, positions, slots, mask, ks, vs, taps)

@@ -87,6 +87,7 @@ class SpecProfile:
     depth_hist: Counter[int] = field(default_factory=Counter)  # accepted draft tokens per cycle -> count
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys((*PHASES, "total"), 0.0))
     prefill_s: float = 0.0
+    shape_changes: list[tuple[int, str]] = field(default_factory=list)  # an adaptive shape: (cycle, new shape)
 
     def add(self, record: CycleRecord) -> None:
         self.cycles += 1
@@ -125,6 +126,7 @@ class SpecProfile:
             "cycle_ms": per_cycle_ms["total"],
             "prefill_ms": 1000 * self.prefill_s,
             "decode_tok_per_s": self.tokens / total if self.cycles else float("nan"),
+            **({"shape_changes": [list(c) for c in self.shape_changes]} if self.shape_changes else {}),
         }
 
 

@@ -388,7 +388,7 @@ def quantize_weights(model: nn.Module, weights: str) -> int:
     return len(targets)
 
 
-def weight_format(model: nn.Module) -> str:
+def detect_format(model: nn.Module) -> str:
     """The format ``model``'s linear layers are in (``q4`` as soon as one is 4-bit, else ``int8``
     as soon as one is int8)."""
     kinds = {type(m) for m in model.modules()}

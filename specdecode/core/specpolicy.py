@@ -37,7 +37,7 @@ class SpecPolicy:
         self.decay, self.accept_decay = decay, accept_decay
         self.step_s: dict[tuple[int, bool], float] = {}  # (batch, spec) -> seconds per step (moving average)
         self.seen: dict[tuple[int, bool], int] = {}
-        self.steps: dict[int, int] = {}
+        self.decisions: dict[int, int] = {}  # batch size -> 'adaptive' choices made (every explore_every-th explores)
         self.spec_tokens = 0.0  # tokens of speculative steps (slowly forgotten) ...
         self.spec_rows = 0.0  # ... over the rows they decoded: the accept length per row
         self.calibrated: dict[int, bool] = {}  # 'auto': batch size bucket -> speculate (BatchEngine.calibrate)
@@ -62,8 +62,8 @@ class SpecPolicy:
             if self.seen.get((batch, spec), 0) < self.warmup:
                 return spec
         best = self.rate(batch, True) >= self.rate(batch, False)
-        self.steps[batch] = self.steps.get(batch, 0) + 1
-        return (not best) if self.steps[batch] % self.explore_every == 0 else best
+        self.decisions[batch] = self.decisions.get(batch, 0) + 1
+        return (not best) if self.decisions[batch] % self.explore_every == 0 else best
 
     def record(self, batch: int, spec: bool, tokens: int, seconds: float) -> None:
         key = (batch, spec)

@@ -27,6 +27,7 @@ from specdecode.core.attention import rows_mask
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
+from specdecode.core.runner import EAGER, Drafter, StepRunner
 from specdecode.core.sampling import SamplingParams, greedy_argmax, sample
 
 
@@ -93,35 +94,6 @@ class SpecConfig:
 def spec_margin(shapes: Sequence[SpecConfig]) -> int:
     """Target cache slots past a row's tokens that decoding with any of ``shapes`` needs (0: plain)."""
     return max((s.margin for s in shapes), default=0)
-
-
-class AuxLayerConfig(Protocol):
-    """The part of a drafter's config the loop reads: which target layers' inputs to tap."""
-
-    @property
-    def aux_layer_ids(self) -> tuple[int, ...]: ...
-
-
-class Drafter(Protocol):
-    """What the speculative loop needs of a drafter: ``Eagle3Drafter`` (the EAGLE-3 head) and
-    ``SelfDrafter`` (a full model proposing its own tokens) are both one.
-
-    Calling it runs one draft step over ``tokens`` [B, T] paired with ``hidden`` [B, T, ...] at
-    ``positions``, appending to ``cache`` (one row), or, with ``slots`` [B, T] and a [B, T, S]
-    ``attention_mask``, writing row b's entries at its own slots (a batch of rows of different
-    lengths); it returns draft-vocabulary logits [B, T, Vd] and the hidden state the next step
-    feeds back. ``to_target_ids`` maps draft ids to target ids.
-    """
-
-    @property
-    def config(self) -> AuxLayerConfig: ...
-
-    def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache: ...
-
-    def to_target_ids(self, draft_ids: Tensor) -> Tensor: ...
-
-    def __call__(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
-                 attention_mask: Tensor | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
 
 class ShapePolicy(Protocol):
@@ -204,24 +176,25 @@ class SpecRow:
 
 
 def extend_draft(drafter: Drafter, cache: KVCache, target_hidden: Tensor, next_tokens: Tensor,
-                 start_position: int) -> DraftState:
+                 start_position: int, runner: StepRunner = EAGER) -> DraftState:
     """Run the draft over pairs (target hidden at position p, token at p+1), p from
     ``start_position``, appended to ``cache`` (one row): the prompt's pairs after prefill.
     Returns the draft's prediction at the last pair (the new root)."""
     T = next_tokens.numel()
     positions = torch.arange(start_position, start_position + T, device=next_tokens.device)
-    logits, hidden = drafter(next_tokens.view(1, T), target_hidden.view(1, T, -1), positions, cache)
+    logits, hidden = runner.draft(drafter, next_tokens.view(1, T), target_hidden.view(1, T, -1), positions, cache)
     return DraftState(logits[0, -1], hidden[0, -1])
 
 
 def prefill(target: Transformer, cache: KVCache, row: SpecRow, prompt: Sequence[int], stop: int,
-            aux_layers: Sequence[int]) -> Tensor:
+            aux_layers: Sequence[int], runner: StepRunner = EAGER) -> Tensor:
     """Prompt tokens ``[row.length, stop)`` into ``cache`` (the row's own: a request's cache or a
     one-row view of a pool, of length ``row.length``); their taps wait for the drafter. Returns the
     logits after the last of them (the first new token's, once ``stop`` is the prompt's end)."""
     device, a = target.device, row.length
-    out = target(torch.tensor([list(prompt[a:stop])], device=device), torch.arange(a, stop, device=device), cache,
-                 hidden_layers=aux_layers, logits_at=torch.tensor([-1], device=device))
+    out = runner.target(target, torch.tensor([list(prompt[a:stop])], device=device),
+                        torch.arange(a, stop, device=device), cache, hidden_layers=aux_layers,
+                        logits_at=torch.tensor([-1], device=device))
     row.length = stop
     if aux_layers:
         row.pending_hidden.append(torch.cat(out.hidden_states, -1)[0])
@@ -229,7 +202,7 @@ def prefill(target: Transformer, cache: KVCache, row: SpecRow, prompt: Sequence[
     return out.logits[0, -1]
 
 
-def start_draft(drafter: Drafter, cache: KVCache, row: SpecRow, root: int) -> None:
+def start_draft(drafter: Drafter, cache: KVCache, row: SpecRow, root: int, runner: StepRunner = EAGER) -> None:
     """The row's first token is ``root``: the prompt's pairs through the drafter, appended to
     ``cache`` (the row's own, empty; a self-drafter puts the prompt's first token ahead)."""
     row.root = root
@@ -237,12 +210,12 @@ def start_draft(drafter: Drafter, cache: KVCache, row: SpecRow, root: int) -> No
     if cache.length != 0 or row.dlength != 0:
         raise ValueError("start_draft runs once per request, on its empty draft cache")
     row.state = extend_draft(drafter, cache, torch.cat(row.pending_hidden), torch.tensor(row.pending_tokens,
-                             device=row.pending_hidden[0].device), row.dpairs)
+                             device=row.pending_hidden[0].device), row.dpairs, runner)
     row.dpairs, row.dlength = len(row.pending_tokens), cache.length
     row.pending_hidden, row.pending_tokens = [], []
 
 
-def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> None:
+def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], runner: StepRunner = EAGER) -> None:
     """Every row's pending pairs (the last cycle's accepted path, or plain steps' taps) through
     the drafter in one forward: rows padded to the longest, padding written to the cache's
     scratch slot and masked out. Row i lives in row i of ``cache``."""
@@ -274,7 +247,7 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> No
         local = causal & real[:, None, :]
     positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
     mask = rows_mask([r.dlength for r in rows], local, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
-    logits, out = drafter(tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
+    logits, out = runner.draft(drafter, tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
     for b, row in enumerate(rows):
         if counts[b]:
             row.state = DraftState(logits[b, counts[b] - 1], out[b, counts[b] - 1])
@@ -283,7 +256,8 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow]) -> No
             row.pending_hidden, row.pending_tokens = [], []
 
 
-def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config: SpecConfig) -> list[DraftTree]:
+def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config: SpecConfig,
+               runner: StepRunner = EAGER) -> list[DraftTree]:
     """EAGLE-2 dynamic trees, one per row: expand the top-k frontier by cumulative log-prob for
     ``num_steps`` levels (every row's frontier in one draft forward per level), then keep each
     row's best ``num_draft_tokens - 1`` nodes.
@@ -315,8 +289,8 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
         # positions and slots from the rows' host lengths: one small copy each, no arithmetic on the device
         positions = torch.tensor([[r.length - 1 + depth] * k for r in rows], device=device)
         slots = torch.tensor([[p + used + j for j in range(k)] for p in prefix], device=device)
-        logits, hidden = drafter(drafter.to_target_ids(f_ids), f_hidden, positions, cache, attention_mask=mask,
-                                 slots=slots)
+        logits, hidden = runner.draft(drafter, drafter.to_target_ids(f_ids), f_hidden, positions, cache,
+                                      attention_mask=mask, slots=slots)
         child_logp, child_ids = torch.log_softmax(logits.float(), -1).topk(k, dim=-1)  # [n, k, k]
         child_score = (f_score[:, :, None] + child_logp).flatten(1)  # [n, k*k]
         cand_ids.append(child_ids.flatten(1))
@@ -358,7 +332,7 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
 
 
 def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTree],
-                aux_layers: Sequence[int]) -> Verification:
+                aux_layers: Sequence[int], runner: StepRunner = EAGER) -> Verification:
     """One target forward over every row's tree (per-row tree masks, positions by depth, the nodes
     written after each row's entries): logits [n, N, V] and fused taps [n, N, W]."""
     N, device = trees[0].size, target.device
@@ -366,8 +340,8 @@ def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], tr
     slots = lengths[:, None] + torch.arange(N, device=device)  # [n, N]
     mask = rows_mask([r.length for r in rows], torch.stack([t.mask for t in trees]), max(r.length for r in rows) + N)
     positions = lengths[:, None] + torch.stack([t.depths for t in trees])
-    out = target(torch.stack([t.tokens for t in trees]), positions, cache, attention_mask=mask,
-                 hidden_layers=aux_layers, slots=slots)
+    out = runner.target(target, torch.stack([t.tokens for t in trees]), positions, cache, attention_mask=mask,
+                        hidden_layers=aux_layers, slots=slots)
     return Verification(out.logits, torch.cat(out.hidden_states, dim=-1))
 
 
@@ -442,16 +416,16 @@ class CycleResult:
 
 
 def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: KVCache, rows: Sequence[SpecRow],
-               config: SpecConfig, clock: PhaseClock) -> CycleResult:
+               config: SpecConfig, clock: PhaseClock, runner: StepRunner = EAGER) -> CycleResult:
     """One speculative cycle over a batch of rows (row i in row i of both caches): the drafter
     catches up on what it has not seen -> every row drafts its tree -> one target forward
     verifies them all -> each row accepts its path. A request decoded alone is a batch of one."""
     clock.start()
-    extend_rows(drafter, dcache, rows)
+    extend_rows(drafter, dcache, rows, runner)
     clock.mark("extend")
-    trees = draft_rows(drafter, dcache, rows, config)
+    trees = draft_rows(drafter, dcache, rows, config, runner)
     clock.mark("draft")
-    ver = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids)
+    ver = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids, runner)
     clock.mark("verify")
     accepted = accept_rows(tcache, rows, trees, ver)
     clock.mark("other")  # acceptance and cache compaction
@@ -472,6 +446,7 @@ class Eagle3Decoder:
     sync: bool = True  # CUDA: synchronize at phase boundaries (honest phase times)
     comm: TimeMeter | None = None  # tensor parallelism: all-reduce time becomes its own phase
     adapt: Callable[[], ShapePolicy] | None = None  # a new shape policy per request (core.costmodel.AdaptiveShape)
+    runner: StepRunner = EAGER  # how steps run: eager, or compiled (runtime.decoders gives the session's)
 
     @property
     def spec(self) -> SpecConfig:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdecode.io.checkpoints import CONVENTION_KEY, Convention
+from specdecode.io.checkpoints import CONVENTION_KEY, Convention, load_drafter, save_drafter
+from specdecode.io.loading import load_model
+from specdecode.io.paths import default_drafter_path
 
 ENGINES = ("sglang", "vllm")
 
@@ -25,9 +27,6 @@ def export_drafter(model: str | None, drafter: str | Path | None, fmt: Conventio
     taps entering target layers stay the same. Returns what was written."""
     import torch
 
-    from specdecode.io.checkpoints import load_drafter, save_drafter
-    from specdecode.io.loading import load_model
-    from specdecode.io.paths import default_drafter_path
 
     path = drafter or default_drafter_path()
     if path is None:

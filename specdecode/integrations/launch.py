@@ -17,11 +17,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.bench.profiles import LaunchProfile
+from specdecode.bench.fingerprint import capture, redact_argv
+from specdecode.bench.profiles import LaunchProfile, load_profile
+from specdecode.bench.store import ResultsStore, Run, new_run_id
 from specdecode.core.speculative import SpecConfig
 from specdecode.integrations.export import ENGINES, export_drafter, read_drafter_config, recorded_convention
 from specdecode.io.checkpoints import AUX_IDS_KEY
 from specdecode.io.llamacpp import drafter_gguf, find_llama_server
+from specdecode.io.loading import model_head_counts, resolve_model_dir
+from specdecode.io.paths import cache_root, shipped_drafter_for
 
 LAUNCH_ENGINES = (*ENGINES, "llamacpp")
 CHAIN_ENGINES = ("vllm", "llamacpp")  # engines whose EAGLE-3 drafts a chain only
@@ -147,8 +151,6 @@ class LaunchPlan:
 def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     """The command, environment and drafter for ``cfg``; exports a vLLM copy of a drafter in
     SGLang's convention (unless ``dry_run``)."""
-    from specdecode.io.loading import model_head_counts, resolve_model_dir
-    from specdecode.io.paths import cache_root, shipped_drafter_for
 
     if cfg.tp < 1:
         raise ValueError(f"--tp must be >= 1, got {cfg.tp}")
@@ -208,7 +210,6 @@ def _drafted_depth(cfg: LaunchConfig, notes: list[str]) -> int:
 
 def _with_profile(cfg: LaunchConfig, cmd: list[str], model_dir: Path, drafter: str | None, warnings: list[str],
                   notes: list[str]) -> LaunchPlan:
-    from specdecode.bench.profiles import load_profile
 
     profile = load_profile(cfg.launch_profile) if cfg.launch_profile else None
     env = profile.apply_to(dict(os.environ)) if profile else dict(os.environ)
@@ -219,8 +220,6 @@ def _with_profile(cfg: LaunchConfig, cmd: list[str], model_dir: Path, drafter: s
 def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
     """llama-server on the target GGUF itself (no conversion), the drafter as its GGUF (exported on the
     fly and cached; a .gguf given goes as it is)."""
-    from specdecode.io.loading import resolve_model_dir
-    from specdecode.io.paths import shipped_drafter_for
 
     check_llamacpp_shape(cfg.tp, cfg.spec.topk, cfg.speculative)
     notes: list[str] = []
@@ -251,8 +250,6 @@ def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
 
 def record_launch(cfg: LaunchConfig, plan: LaunchPlan, store: str | None = None) -> str:
     """Append the launch (fingerprint, redacted command, endpoint) to the results store; its run id."""
-    from specdecode.bench.fingerprint import capture, redact_argv
-    from specdecode.bench.store import ResultsStore, Run, new_run_id
 
     fp = capture(threads=0, dtype="(engine)", device=f"{cfg.engine} tp={cfg.tp}", model_path=plan.model_dir,
                  drafter_paths=[plan.drafter] if plan.drafter else (),

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
+from specdecode.core.model import DecoderLayer, Transformer
+from specdecode.core.quant import Int4Linear
 from specdecode.io.errors import ModelLoadError
 from specdecode.io.paths import cache_root, file_fingerprint, share_readable
 
@@ -306,8 +308,6 @@ def apply_gguf_q4(model: nn.Module, gguf_path: Path, dtype: torch.dtype) -> int:
     un-permuted as the loader does). Returns how many layers changed; the caller puts the rest
     (e.g. a Q8_0 lm_head) in another format."""
 
-    from specdecode.core.model import DecoderLayer, Transformer
-    from specdecode.core.quant import Int4Linear
 
     if not isinstance(model, Transformer):
         raise TypeError("apply_gguf_q4 takes a core.model.Transformer")

@@ -22,14 +22,15 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from specdecode.core.drafter import Eagle3Drafter
+from specdecode.io.checkpoints import checkpoint_state, load_drafter
 from specdecode.io.gguf import open_gguf, permute_rope_rows
-
-if TYPE_CHECKING:
-    from specdecode.core.drafter import Eagle3Drafter
+from specdecode.io.loading import load_model
+from specdecode.io.paths import cache_root, default_drafter_path
 
 GGUF_OUTTYPES = ("f32", "f16", "bf16")
 GGUF_EXPORT_VERSION = "g1"  # in the cached export's name: a change of the writer exports again
@@ -117,7 +118,6 @@ def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str
     import gguf
     import numpy as np
 
-    from specdecode.io.checkpoints import checkpoint_state
 
     if outtype not in GGUF_OUTTYPES:
         raise ValueError(f"outtype must be one of {', '.join(GGUF_OUTTYPES)}, got {outtype!r}")
@@ -205,7 +205,6 @@ def gguf_export_path(drafter_dir: str | Path, target_gguf: Path) -> Path:
     sizes and times, the target's, and the writer's version (a changed drafter exports again)."""
     import hashlib
 
-    from specdecode.io.paths import cache_root
 
     h = hashlib.sha256(GGUF_EXPORT_VERSION.encode())
     for f in sorted(Path(drafter_dir).iterdir()):
@@ -236,9 +235,6 @@ def drafter_gguf(drafter: str | Path, target_gguf: Path, dry_run: bool = False) 
 def export_drafter_gguf(model: str | None, drafter: str | Path | None, out: str | Path, outtype: str = "f32") -> dict:
     """Load ``drafter`` (default: the shipped one) against the target GGUF ``model`` (default:
     SmolLM2's) and write it for llama.cpp (``write_drafter_gguf``)."""
-    from specdecode.io.checkpoints import load_drafter
-    from specdecode.io.loading import load_model
-    from specdecode.io.paths import default_drafter_path
 
     path = drafter or default_drafter_path()
     if path is None:

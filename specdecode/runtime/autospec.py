@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
+from specdecode import __version__
 from specdecode.core.calibrate import measure_cycle_costs
-from specdecode.core.compiled import stored_only, use_steps
+from specdecode.core.compiled import CompiledRunner, stored_only
 from specdecode.core.costmodel import (
     AcceptanceTable,
     AdaptiveShape,
@@ -40,7 +41,8 @@ from specdecode.core.costmodel import (
     candidate_shapes,
     predict,
 )
-from specdecode.core.speculative import Drafter, SpecConfig
+from specdecode.core.runner import Drafter
+from specdecode.core.speculative import SpecConfig
 from specdecode.io.checkpoints import ACCEPTANCE_FILE, read_acceptance
 from specdecode.io.paths import cache_root, file_fingerprint, file_hash
 from specdecode.runtime.kernels import hardware_key
@@ -147,7 +149,6 @@ def _code_digest() -> str:
 
 def costs_key(session: Session, drafter: torch.nn.Module, drafter_path: str) -> dict[str, object]:
     src = session.loaded.source
-    from specdecode import __version__
 
     return hardware_key(session.loaded.model, session.threads) | {
         "device": str(session.device),
@@ -168,10 +169,10 @@ def costs_key(session: Session, drafter: torch.nn.Module, drafter_path: str) -> 
 def calibration_graphs(session: Session, drafter: torch.nn.Module) -> list[str] | None:
     """The stored graphs a calibration times (``stored_only``): None when it runs eager. A graph
     stored later (``specdecode compile``) changes the key, so the costs are measured again."""
-    steps = stored_only(session.loaded.model.steps)
-    if steps is None or steps.store is None:
+    runner = stored_only(session.runner)
+    if not isinstance(runner, CompiledRunner) or runner.store is None:
         return None
-    return steps.store.names(session.loaded.model) + steps.store.names(drafter)
+    return runner.store.names(session.loaded.model) + runner.store.names(drafter)
 
 
 def costs_path(key: dict[str, object]) -> Path:
@@ -201,8 +202,8 @@ def cycle_costs(session: Session, drafter: Drafter, drafter_path: str,
     # a small CPU). Eager costs alone chose wrong beside stored graphs: on the Zen4 EPYC (bf16 + q4,
     # benchmarks/archive/compiled_vs_llamacpp.sh) auto predicted 1.11x for 2/1/3 from eager costs and it ran
     # at 0.87x the compiled plain decoding.
-    with use_steps((session.loaded.model, drafter), stored_only(session.loaded.model.steps)):
-        costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt)
+    costs = measure_cycle_costs(session.loaded.model, drafter, candidate_shapes(), prompt,
+                                runner=stored_only(session.runner))
     seconds = time.perf_counter() - t0
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".tmp", dir=path.parent)  # two processes may measure at once

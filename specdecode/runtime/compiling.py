@@ -12,15 +12,12 @@ More in docs/compiled.md.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import weakref
@@ -39,16 +36,15 @@ from specdecode.core.attention import NATIVE_ATTENTION, NATIVE_ATTENTION_AVX512
 from specdecode.core.batching import BatchConfig, BatchEngine
 from specdecode.core.compiled import (
     INDUCTOR_OPTIONS,
-    CompiledSteps,
+    CompiledRunner,
     GraphKey,
     check_compile_mode,
     span_buckets,
-    use_steps,
 )
 from specdecode.core.engine import TokenDecoder
 from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
-from specdecode.core.quant import weight_format as layers_format
+from specdecode.core.quant import detect_format
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import cache_root
@@ -131,7 +127,7 @@ def binds_weights(module: nn.Module) -> bool:
     linear weights for oneDNN, which pays where float matmuls are the step: a draft step ran 2.3x as
     fast frozen, a bf16 target's decode step 1.8x (benchmarks/results/2026-12-06-bound-graphs,
     docs/LOG.md). Those freeze, less the tensors they hold but do not own (``HeldAsInputs``)."""
-    return isinstance(module, Transformer) and layers_format(module) != "native"
+    return isinstance(module, Transformer) and detect_format(module) != "native"
 
 
 class HeldAsInputs(nn.Module):
@@ -470,77 +466,22 @@ def _record(where: Path) -> None:
     os.replace(tmp, path)
 
 
-BUILD_LOCK = ".build.lock"  # in the graph store: held by the one process building into it
-BACKGROUND_ENV = "SPECDECODE_BACKGROUND_COMPILE"  # 0: a run never starts a build in the background
-
-
-@contextlib.contextmanager
-def build_lock(root: Path, wait: bool = True) -> Iterator[bool]:
-    """One building process per graph store (``specdecode compile``, in the foreground or the
-    background): yields True while this process holds the lock; False at once, holding nothing, when
-    another process holds it and ``wait`` is False. The lock goes with the process, however it ends."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / BUILD_LOCK, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def building(root: Path) -> bool:
-    """Whether another process is building into the store at ``root`` now."""
-    with build_lock(root, wait=False) as mine:
-        return not mine
-
-
-@dataclass(frozen=True)
-class BackgroundBuild:
-    pid: int | None  # None: not started (``why``)
-    why: str
-    log: Path | None = None
-
-
-def build_in_background(compile_args: list[str], root: Path) -> BackgroundBuild:
-    """Start ``specdecode compile COMPILE_ARGS --if-idle`` detached from this process (its own session:
-    it outlives the run that started it; output in ``root/build.log``), unless $SPECDECODE_BACKGROUND_COMPILE
-    is 0 or a build is running. Its graphs land whole (``PackageStore.build``), so a run that starts
-    meanwhile loads what is there and runs the rest eager."""
-    if os.environ.get(BACKGROUND_ENV, "1") == "0":
-        return BackgroundBuild(None, f"${BACKGROUND_ENV}=0")
-    if building(root):
-        return BackgroundBuild(None, f"another process is building into {root}")
-    log = root / "build.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "specdecode.cli", "compile", *compile_args, "--if-idle"],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    return BackgroundBuild(proc.pid, "started", log)
-
-
 def graph_store(device: torch.device, log: Callable[[str], None] | None = None) -> PackageStore | None:
     """Where compiled graphs persist: AOTInductor packages on CPU; none on CUDA (CUDA graphs are
     captured in each process)."""
     return PackageStore(log=log) if device.type == "cpu" else None
 
 
-def install_compiled(model: Transformer, device: torch.device,
-                     on_compile: Callable[[GraphKey, float | None], None] | None = None,
-                     store: PackageStore | None = None, build: bool = True) -> CompiledSteps:
-    """Compiled steps on ``model`` (``model.steps``); graphs come from ``store`` or compile at first
-    use (``build=False``: only the stored ones, other buckets eager)."""
+def compiled_runner(device: torch.device, on_compile: Callable[[GraphKey, float | None], None] | None = None,
+                    store: PackageStore | None = None, build: bool = True) -> CompiledRunner:
+    """A runner of compiled steps on ``device``; graphs come from ``store`` or compile at first use
+    (``build=False``: only the stored ones, other buckets eager)."""
     inductor_cache_dir()
-    steps = CompiledSteps(device.type, on_compile=on_compile, store=store, build=build)
-    model.steps = steps
-    return steps
+    return CompiledRunner(device.type, on_compile=on_compile, store=store, build=build)
 
 
 def stored_steps(model: Transformer, device: torch.device, on_compile: Callable[[GraphKey, float | None], None] | None,
-                 log: Callable[[str], None] | None) -> tuple[CompiledSteps | None, str]:
+                 log: Callable[[str], None] | None) -> tuple[CompiledRunner | None, str]:
     """``--compile auto`` for a single generation: the graphs this machine has stored for these
     weights (``specdecode compile``) run compiled, other buckets eager; none stored: eager."""
     store = graph_store(device, log)
@@ -548,7 +489,7 @@ def stored_steps(model: Transformer, device: torch.device, on_compile: Callable[
     if store is None or n == 0:
         return None, ("auto: a single generation stays eager (a graph compiled now costs more than it saves; "
                       "`specdecode compile` stores them for this machine)")
-    return (install_compiled(model, device, on_compile, store, build=False),
+    return (compiled_runner(device, on_compile, store, build=False),
             f"auto: {n} graphs stored for these weights on this machine ({store.root}); other shapes eager")
 
 
@@ -564,7 +505,7 @@ class Precompiled:
     disk_bytes: int
 
 
-def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: SpecConfig | None, max_len: int,
+def precompile(model: Transformer, steps: CompiledRunner, drafter: Any, spec: SpecConfig | None, max_len: int,
                on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) every graph one request of up to ``max_len`` tokens needs: plain
     decoding, and with ``spec`` EAGLE-3 with ``drafter`` too (verify, re-extend and tree steps; the
@@ -590,7 +531,7 @@ def precompile(model: Transformer, steps: CompiledSteps, drafter: Any, spec: Spe
     return _precompiled(steps, (model, drafter), built0, loaded0, sizes)
 
 
-def precompile_pool(steps: CompiledSteps | None, loaded: LoadedModel, decode: TokenDecoder, batch: BatchConfig,
+def precompile_pool(steps: CompiledRunner | None, loaded: LoadedModel, decode: TokenDecoder, batch: BatchConfig,
                     max_len: int, on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) the graphs ``serve`` runs with ``decode`` and ``batch``
     (``BatchEngine.warm``) with ``steps`` (a session's): every batch size bucket up to the slots,
@@ -599,20 +540,19 @@ def precompile_pool(steps: CompiledSteps | None, loaded: LoadedModel, decode: To
         raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
     built0, loaded0 = _check_builds(steps)
     model = loaded.model
-    with use_steps((model, decode.drafter), steps):  # installed for this call (the session's already are)
-        engine = BatchEngine(model, loaded.tokenizer, decode.drafter, decode.spec, batch)
-        engine.warm(max_len, on_size)
-        sizes = span_buckets(max_len, engine.tpool.max_len)
+    engine = BatchEngine(model, loaded.tokenizer, decode.drafter, decode.spec, batch, runner=steps)
+    engine.warm(max_len, on_size)
+    sizes = span_buckets(max_len, engine.tpool.max_len)
     return _precompiled(steps, (model, decode.drafter), built0, loaded0, sizes)
 
 
-def _check_builds(steps: CompiledSteps) -> tuple[int, int]:
+def _check_builds(steps: CompiledRunner) -> tuple[int, int]:
     if steps.store is None or not steps.build:
         raise ValueError("precompile needs compiled steps that build into a store (CPU, --compile on)")
     return len(steps.compiled), len(steps.loaded)
 
 
-def _precompiled(steps: CompiledSteps, modules: tuple[Any, ...], built0: int, loaded0: int,
+def _precompiled(steps: CompiledRunner, modules: tuple[Any, ...], built0: int, loaded0: int,
                  sizes: list[int]) -> Precompiled:
     store = cast(PackageStore, steps.store)
     dirs = sorted({store.root / store.identity(m) for m in modules if m is not None})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter, random_drafter
-from specdecode.core.engine import TokenDecoder, baseline_decode
+from specdecode.core.engine import BaselineDecoder, TokenDecoder
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import Convention, load_drafter
 from specdecode.io.paths import shipped_drafter_for
@@ -73,7 +73,7 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
     hears when the shape's costs are being measured."""
     path = resolve_drafter_path(spec, session)
     if path is None:
-        return Decoder(baseline_decode, "baseline")
+        return Decoder(BaselineDecoder(runner=session.runner), "baseline")
     drafters = {} if drafters is None else drafters
     if path not in drafters:
         model = session.loaded.model
@@ -83,12 +83,11 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
             drafters[path] = load_drafter(Path(path), model, convention=spec.aux_layer_convention)
         # the drafter's layers get kernels measured on their own shapes, as the target's did
         install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
-        drafters[path].steps = session.loaded.model.steps  # compiled with the target, or eager with it
     choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log,
                          defer=spec.defer_costs)
     if choice.plain_is_faster and spec.allow_plain:
-        return Decoder(baseline_decode, "baseline (auto: no speculative shape is predicted faster here)",
-                       choice=choice)
+        return Decoder(BaselineDecoder(runner=session.runner),
+                       "baseline (auto: no speculative shape is predicted faster here)", choice=choice)
     c = choice.config
     desc = f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens})"
     adapt = choice.adaptive() if spec.adapt else None
@@ -98,5 +97,5 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
     elif spec.adapt:
         notes.append(f"--adapt needs a shape chosen by --spec-config auto (this one: {choice.how}, {choice.reason}); "
                      "the shape stays fixed")
-    return Decoder(Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt), desc, path, c,
-                   choice, notes)
+    decoder = Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt, runner=session.runner)
+    return Decoder(decoder, desc, path, c, choice, notes)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from specdecode.runtime.device import available_cores
+
 WORKER_ENV = "SPECDECODE_TP_WORKER"  # set in spawned workers: do not spawn again
 
 
@@ -74,7 +76,6 @@ def spawn(entry: Callable[[list[str]], int], argv: list[str], size: int) -> int:
         start_processes,
     )
 
-    from specdecode.runtime.device import available_cores
 
     threads = max(1, available_cores() // size)  # oversubscribing cores slowed decode 5x here
     start: Callable[..., ProcessContext] = start_processes  # torch leaves it unannotated

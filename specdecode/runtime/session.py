@@ -12,16 +12,17 @@ from typing import TypeVar
 
 import torch
 
-from specdecode.core.compiled import CompiledSteps, GraphKey
+from specdecode.core.compiled import CompiledRunner, GraphKey
 from specdecode.core.kernels import KernelPlan
 from specdecode.core.quant import DEFAULT_ACTIVATIONS, activation_bits, set_activations
+from specdecode.core.runner import EAGER, StepRunner
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.io.paths import is_default_model
 from specdecode.runtime.autoformat import AUTO, resolve_format
 from specdecode.runtime.compiling import (
+    compiled_runner,
     graph_store,
     inductor_cache_dir,
-    install_compiled,
     resolve_compile,
     stored_steps,
 )
@@ -72,20 +73,25 @@ class Session:
     comm: CommMeter | None = None  # this rank's all-reduce meter under tensor parallelism
     kernels: KernelPlan = field(default_factory=KernelPlan)  # the linear kernels installed (runtime.kernels)
     format_reason: str = "as asked"  # why this dtype and weight format (runtime.autoformat)
-    compiled: CompiledSteps | None = None  # the target's compiled steps when --compile is on
+    compiled: CompiledRunner | None = None  # the runner of compiled steps when --compile is on (or graphs are stored)
     compile_reason: str = "off: as asked"  # why they are (runtime.compiling.resolve_compile)
     on_compile: Callable[[GraphKey, float | None], None] | None = None  # hears every graph compiled
+
+    @property
+    def runner(self) -> StepRunner:
+        """How this session's decoders run their steps: compiled, or eager."""
+        return self.compiled if self.compiled is not None else EAGER
 
     @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    def building_steps(self) -> CompiledSteps:
+    def building_steps(self) -> CompiledRunner:
         """The compiled steps, made (not installed) when this session runs eager: a bench method with
         ``compile=on`` beside an eager one, in one run."""
         if self.compiled is None or not self.compiled.build:
             inductor_cache_dir()
-            self.compiled = CompiledSteps(self.device.type, on_compile=self.on_compile, store=graph_store(self.device))
+            self.compiled = CompiledRunner(self.device.type, on_compile=self.on_compile, store=graph_store(self.device))
         return self.compiled
 
     @property
@@ -142,10 +148,10 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     comm = apply_tensor_parallel(loaded.model, rank, size) if size > 1 else None
     fmt.apply(loaded.model, loaded.source, dtype)
     set_activations(loaded.model, config.activations)
-    if device.type == "cpu" and config.weights == "q4":
+    if device.type == "cpu" and fmt.native_kernels:
         load_native(log)  # its 4-bit kernel joins the kernel plan's candidates (runtime.native)
     plan = install_kernels(loaded.model, config.kernels, threads, device, log)  # ``log`` hears a long measurement
-    compiled = install_compiled(loaded.model, device, on_compile, graph_store(device, log)) if use_compiled else None
+    compiled = compiled_runner(device, on_compile, graph_store(device, log)) if use_compiled else None
     if compiled is None and config.compile == AUTO and config.stored_graphs and size == 1:
         compiled, compile_reason = stored_steps(loaded.model, device, on_compile, log)
     return Session(config, loaded, device, dtype, threads, rank, size, comm, plan, chosen.reason, compiled,

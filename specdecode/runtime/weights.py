@@ -25,6 +25,7 @@ class WeightFormat:
     gguf_only: bool = False  # needs a GGUF file's own blocks
     tensor_parallel: bool = False  # has a sharded path
     auto_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where ``auto`` may choose it (its kernels are fast)
+    native_kernels: bool = False  # on CPU its fast kernel is one of ours, built at first use (runtime.native)
 
     def refusal(self, source: Path | None, world_size: int) -> str | None:
         """Why this format cannot run ``source`` (None: not known yet) in this run (an explicit
@@ -56,7 +57,7 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("native", "the file's weights in the compute dtype", _native, tensor_parallel=True),
     WeightFormat("int8", "weight-only int8 per output channel (any source)", _int8),
     WeightFormat("q4", "a GGUF's own Q4_0/Q4_1 blocks, the other layers int8", _q4, gguf_only=True,
-                 auto_devices=("cpu",)),
+                 auto_devices=("cpu",), native_kernels=True),
 )}
 WEIGHT_FORMATS: tuple[str, ...] = tuple(FORMATS)
 if set(WEIGHT_FORMATS) != set(quant.WEIGHT_FORMATS):  # the kernels' own list (core cannot import this one)

@@ -24,7 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from specdecode.core.batching import BatchConfig, BatchEngine
-from specdecode.core.compiled import CompiledSteps
+from specdecode.core.compiled import CompiledRunner
 from specdecode.core.engine import TokenDecoder
 from specdecode.core.specpolicy import CALIBRATION_ROUNDS, CALIBRATION_SPREAD, SpecPolicyName
 from specdecode.io.loading import LoadedModel
@@ -92,8 +92,8 @@ def _warm(batcher: BatchEngine, max_len: int | None) -> None:
     """Compiled steps: every decode-step graph of the pool loaded (or, --compile on, built) now, for
     contexts up to ``max_len``; then nothing more compiles while serving (a shape not warmed runs eager:
     on 2 CPU cores a target graph takes about 35 s to build, which every running request would wait)."""
-    steps = batcher.steps
-    if not isinstance(steps, CompiledSteps):
+    steps = batcher.runner
+    if not isinstance(steps, CompiledRunner):
         return
     t0 = time.perf_counter()
     loaded0, eager0 = len(steps.loaded), len(steps.eager)
@@ -115,8 +115,8 @@ def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: 
         _warm(batcher, compile_max_len)
     except Exception:  # the server goes on with what was warmed; nothing more compiles while serving
         log.exception("compiling the steps failed: the shapes not compiled run eager")
-        if isinstance(batcher.steps, CompiledSteps):
-            batcher.steps.build = False
+        if isinstance(batcher.runner, CompiledRunner):
+            batcher.runner.build = False
     if batcher.policy.name == "auto":
         _calibrate(batcher, calibration_ids)
 
@@ -146,7 +146,7 @@ def make_batcher(loaded: LoadedModel, decoder: TokenDecoder, batch: BatchConfig,
         log.info("tensor parallel: spec policy %s (every rank must take the same mode each step)", policy)
         batch = replace(batch, spec_policy=policy)
     return BatchEngine(loaded.model, loaded.tokenizer, decoder.drafter, decoder.spec, batch, adapt=None,
-                       sync=decoder.sync, comm=decoder.comm)
+                       sync=decoder.sync, comm=decoder.comm, runner=decoder.runner)
 
 
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,

@@ -20,6 +20,7 @@ from typing import Any
 
 from specdecode.core.batching import BatchConfig, generate_all
 from specdecode.core.requests import GenerateOptions
+from specdecode.core.runner import EAGER, StepRunner
 from specdecode.core.sampling import SamplingParams
 from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import file_fingerprint
@@ -157,8 +158,8 @@ def dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
 
 
 def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count: int, seed: int,
-                           batch_size: int = 32,
-                           on_batch: Callable[[int, int], None] | None = None) -> list[PromptRecord]:
+                           batch_size: int = 32, on_batch: Callable[[int, int], None] | None = None,
+                           runner: StepRunner = EAGER) -> list[PromptRecord]:
     """New instructions written by the target, self-instruct style: show it a few seed
     instructions and ask for a new one (sampled, so each request differs).
     ``on_batch(kept, asked)`` after each batch."""
@@ -178,7 +179,8 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
             prompts.append(tok.encode_chat(ask))
         attempts += batch_size
         options = [GenerateOptions(48, replace(params, seed=rng.randrange(2**63))) for _ in prompts]
-        for ids in generate_all(loaded.model, prompts, options, tok.eos_token_ids, BatchConfig(slots=batch_size)):
+        for ids in generate_all(loaded.model, prompts, options, tok.eos_token_ids, BatchConfig(slots=batch_size),
+                                runner=runner):
             lines = tok.decode([t for t in ids if t not in tok.eos_token_ids]).strip().splitlines()
             text = re.sub(r"^\d+[.)]\s*", "", lines[0]).strip() if lines else ""
             if 15 <= len(text) <= 300:
@@ -191,7 +193,7 @@ def bootstrap_instructions(loaded: LoadedModel, seeds: list[PromptRecord], count
 
 
 def _bootstrapped(cfg: DataBuildConfig, loaded: LoadedModel, seeds: list[PromptRecord],
-                  report: OnBuildProgress) -> list[PromptRecord]:
+                  report: OnBuildProgress, runner: StepRunner) -> list[PromptRecord]:
     """The bootstrapped instructions: read back if made before (resumable), else made and saved."""
     boot_path = Path(cfg.out) / BOOTSTRAPPED
     if boot_path.exists():
@@ -199,7 +201,7 @@ def _bootstrapped(cfg: DataBuildConfig, loaded: LoadedModel, seeds: list[PromptR
     t0 = time.perf_counter()
     boot = bootstrap_instructions(
         loaded, seeds, cfg.bootstrap, cfg.seed, batch_size=cfg.batch_size,
-        on_batch=lambda n, tried: report(BuildProgress("bootstrap", n, cfg.bootstrap, asked=tried)))
+        on_batch=lambda n, tried: report(BuildProgress("bootstrap", n, cfg.bootstrap, asked=tried)), runner=runner)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     boot_path.write_text("".join(json.dumps({"prompt": r.messages[0]["content"]}) + "\n" for r in boot))
     report(BuildProgress("bootstrapped", len(boot), cfg.bootstrap, seconds=time.perf_counter() - t0))
@@ -238,7 +240,7 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
         records = sample_by_category(records, cfg.sample, cfg.seed, dict(cfg.category_weights))
     report(BuildProgress("seeds", len(records), len(cfg.prompts)))
     if cfg.bootstrap:
-        boot = _bootstrapped(cfg, loaded, records, report)
+        boot = _bootstrapped(cfg, loaded, records, report, session.runner)
         records = dedupe(records + [PromptRecord(r.id, "bootstrapped", r.messages) for r in boot])
     # The order, and each prompt's mode and seed, depend on the seed and the prompts alone, not on what an
     # interrupted build already answered: a resumed build makes the data set an uninterrupted one makes.
@@ -289,7 +291,8 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
     batch = BatchConfig(slots=cfg.batch_size, slot_tokens=cfg.max_prompt_tokens + cfg.max_new_tokens,
                         spec_policy="never")
     try:
-        generate_all(loaded.model, prompts, options, tok.eos_token_ids, batch, on_done=finished)
+        generate_all(loaded.model, prompts, options, tok.eos_token_ids, batch, on_done=finished,
+                     runner=session.runner)
     finally:  # stopped (Ctrl-C, SIGTERM: the CLI raises KeyboardInterrupt) or done: keep every finished answer
         if rows:
             flush()

@@ -11,8 +11,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
 from specdecode.core.drafter import Eagle3Drafter
+from specdecode.core.engine import Engine
 from specdecode.core.model import Transformer
+from specdecode.core.requests import GenerateOptions
+from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from specdecode.io.checkpoints import load_drafter, write_acceptance
+from specdecode.io.paths import file_fingerprint
 from specdecode.runtime.session import Session
 from specdecode.training.dataset import DataSet, draft_index
 from specdecode.training.ttt import (
@@ -99,10 +105,6 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     """Held-out acceptance two ways on the same greedy samples: simulated from the
     training-time test (what the trainer reports) and measured by the engine (chain of
     ``depth``). They must agree; a gap means wiring or mask bugs."""
-    from specdecode.core.engine import Engine
-    from specdecode.core.requests import GenerateOptions
-    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-    from specdecode.io.checkpoints import load_drafter
 
     ds = DataSet(cfg.data)
     rows = greedy_heldout(ds, cfg.max_len, cfg.samples, "evaluate on")
@@ -168,12 +170,6 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
     of 3 at 1.69x against 1.55x for 2 steps / top-2 / 5 tokens; Spec-Bench measured 1.56x and 1.64x).
     Hence more than one data set, each an equal share: the training distribution's held-out answers and
     prompts from elsewhere."""
-    from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
-    from specdecode.core.engine import Engine
-    from specdecode.core.requests import GenerateOptions
-    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-    from specdecode.io.checkpoints import load_drafter, write_acceptance
-    from specdecode.io.paths import file_fingerprint
 
     sets = [DataSet(d) for d in cfg.data]
     rows_of = [greedy_heldout(ds, cfg.max_len, cfg.samples, "measure acceptance on") for ds in sets]

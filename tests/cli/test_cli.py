@@ -110,15 +110,15 @@ def test_a_run_without_stored_graphs_says_what_happens_next(monkeypatch, capsys,
     its graphs are built in the background after it (and how to build them in the foreground), then
     starts that build, detached, and says where its output goes."""
     from specdecode.cli.main import main
-    from specdecode.runtime import compiling
+    from specdecode.runtime import background, compiling
     from specdecode.runtime.compiling import PackageStore
 
     monkeypatch.setattr(PackageStore, "count", lambda self, model: 0)  # this machine has stored none
     monkeypatch.setattr(compiling, "cache_root", lambda: tmp_path)  # the graph store's, not the kernel plans'
-    monkeypatch.setenv(compiling.BACKGROUND_ENV, "1")
+    monkeypatch.setenv(background.BACKGROUND_ENV, "1")
     started: list = []
-    monkeypatch.setattr(compiling, "build_in_background", lambda argv, root: started.append((argv, root))
-                        or compiling.BackgroundBuild(7, "started", root / "build.log"))
+    monkeypatch.setattr(background, "build_in_background", lambda argv, root: started.append((argv, root))
+                        or background.BackgroundBuild(7, "started", root / "build.log"))
     assert main(["generate", "Hi", "--no-spec", "--max-new-tokens", "2"]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "the steps run eager" in err and "built in the background" in err and "specdecode compile" in err

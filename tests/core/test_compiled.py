@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import collections
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 import specdecode.core.compiled as compiled_module
-from specdecode.core.batching import CALIBRATION_STEPS, BatchConfig, BatchEngine
-from specdecode.core.compiled import MIN_SPAN, CompiledSteps, bucket, check_compile_mode, span_bucket, use_steps
+from specdecode.core.batching import BatchConfig, BatchEngine
+from specdecode.core.compiled import MIN_SPAN, CompiledRunner, bucket, check_compile_mode, span_bucket
 from specdecode.core.drafter import random_drafter
-from specdecode.core.engine import Engine
+from specdecode.core.engine import Engine, baseline_decode
 from specdecode.core.requests import GenerateOptions
+from specdecode.core.runner import EAGER
+from specdecode.core.specpolicy import CALIBRATION_STEPS
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from tests.core.test_batching import Tok, run_all
 from tests.helpers import tiny_model
@@ -47,8 +50,9 @@ def unique_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def generate(model, decoder, prompt, n=24):
-    engine = Engine(model, Tok(), decoder) if decoder else Engine(model, Tok())
+def generate(model, decoder, prompt, n=24, runner=EAGER):
+    """``decoder`` (None: plain decoding) with ``runner``'s steps."""
+    engine = Engine(model, Tok(), replace(decoder or baseline_decode, runner=runner))
     return engine.generate(prompt, GenerateOptions(max_new_tokens=n, stop_token_ids=())).token_ids
 
 
@@ -56,14 +60,14 @@ def test_buckets():
     assert [bucket(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]
     assert span_bucket(10, 4096) == MIN_SPAN and span_bucket(MIN_SPAN + 1, 4096) == 2 * MIN_SPAN
     assert span_bucket(3000, 1000) == 1000  # never past the cache
-    assert CompiledSteps().capacity(70) == MIN_SPAN and CompiledSteps().capacity(300) == 2 * MIN_SPAN
+    assert CompiledRunner().capacity(70) == MIN_SPAN and CompiledRunner().capacity(300) == 2 * MIN_SPAN
     with pytest.raises(ValueError, match="use one of auto, on, off"):
         check_compile_mode("maybe")
 
 
 @pytest.fixture(scope="module")
 def steps():
-    return CompiledSteps()  # shared: each graph compiles once for the whole module
+    return CompiledRunner()  # shared: each graph compiles once for the whole module
 
 
 def test_alone_equal_to_eager_and_no_recompilation(model, drafter, prompts, steps):
@@ -78,15 +82,14 @@ def test_alone_equal_to_eager_and_no_recompilation(model, drafter, prompts, step
     eager_spec = [generate(model, Eagle3Decoder(drafter, SPEC), p) for p in short]
     eager_long = generate(model, None, prompts[2])
 
-    with use_steps((model, drafter), steps):
-        assert steps.warm(model, drafter, len(short[0]), 24, SPEC) > 0
-        assert steps.warm(model, None, len(short[0]), 24, None) == 1  # plain decoding: one graph
-        graphs, known = unique_graphs(), len(steps.compiled)
-        plain = [generate(model, None, p) for p in short]
-        spec = [generate(model, Eagle3Decoder(drafter, SPEC), p) for p in short]
-        assert (unique_graphs(), len(steps.compiled)) == (graphs, known), "compiled while decoding"
-        long = generate(model, None, prompts[2])
-        assert unique_graphs() - graphs == len(steps.compiled) - known == 2  # spans 256 and 512
+    assert steps.warm(model, drafter, len(short[0]), 24, SPEC) > 0
+    assert steps.warm(model, None, len(short[0]), 24, None) == 1  # plain decoding: one graph
+    graphs, known = unique_graphs(), len(steps.compiled)
+    plain = [generate(model, None, p, runner=steps) for p in short]
+    spec = [generate(model, Eagle3Decoder(drafter, SPEC), p, runner=steps) for p in short]
+    assert (unique_graphs(), len(steps.compiled)) == (graphs, known), "compiled while decoding"
+    long = generate(model, None, prompts[2], runner=steps)
+    assert unique_graphs() - graphs == len(steps.compiled) - known == 2  # spans 256 and 512
     assert len({k for k, _ in steps.compiled}) == len(steps.compiled)
     assert plain == eager_plain
     assert spec == eager_spec
@@ -104,9 +107,9 @@ def test_batch_equal_to_eager(model, drafter, prompts, steps):
     options = GenerateOptions(max_new_tokens=20, stop_token_ids=())
     short = [prompts[i] for i in (0, 1, 3)]
     expected = [generate(model, None, p, 20) for p in short]
-    engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=4, prefill_chunk=64, spec_policy="always"))
-    with use_steps((model, drafter), steps):
-        out, _ = run_all(engine, short, options)
+    engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=4, prefill_chunk=64, spec_policy="always"),
+                         runner=steps)
+    out, _ = run_all(engine, short, options)
     assert [out[i] for i in range(3)] == expected
     assert any(k.rows == 4 and k.tokens == 8 for k, _ in steps.compiled), steps.compiled
 
@@ -116,18 +119,16 @@ def test_two_drafters_never_share_a_graph(model, drafter, prompts, steps):
     comparing drafters) gets graphs of its own, and its own tokens."""
     other = random_drafter(model, seed=9)
     eager = generate(model, Eagle3Decoder(other, SPEC), prompts[0])
-    with use_steps((model, drafter), steps):
-        steps.warm(model, drafter, len(prompts[0]), 24, SPEC)  # (compiled already when the module runs in order)
-    with use_steps((model, other), steps):
-        assert steps.warm(model, other, len(prompts[0]), 24, SPEC) > 0  # the target's graphs exist: the draft's
-        assert generate(model, Eagle3Decoder(other, SPEC), prompts[0]) == eager
+    steps.warm(model, drafter, len(prompts[0]), 24, SPEC)  # (compiled already when the module runs in order)
+    assert steps.warm(model, other, len(prompts[0]), 24, SPEC) > 0  # the target's graphs exist: the draft's
+    assert generate(model, Eagle3Decoder(other, SPEC), prompts[0], runner=steps) == eager
     owners = {k.owner for k, _ in steps.compiled if k.kind.startswith("draft")}
     assert {id(drafter), id(other)} <= owners
 
 
 def test_training_mode_stays_eager():
     """Gradients never go through compiled (frozen) steps; prefill chunks stay eager."""
-    steps = CompiledSteps()
+    steps = CompiledRunner()
     assert torch.is_grad_enabled() and not steps.serves(1, 1)
     with torch.inference_mode():
         assert steps.serves(1, 16) and not steps.serves(1, 17)
@@ -165,21 +166,20 @@ def test_a_warmed_pool_runs_every_decode_step_on_a_warmed_graph(model, drafter, 
     options = GenerateOptions(max_new_tokens=24, stop_token_ids=())
     alone = [Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(p, options).token_ids for p in prompts]
     store = RecordingStore()
-    steps = CompiledSteps(store=store)
-    with use_steps((model, drafter), steps):
-        engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=3, slot_tokens=512, spec_policy=policy,
-                                                                      batch_invariant=invariant))
-        built = engine.warm(512, seal=True)
-        warmed = set(store.built)
-        assert built == len(warmed) == len(steps.compiled) and not engine.steps.build
-        assert {k.rows for k in warmed} == ({3} if invariant else {1, 2, 3})
-        assert {k.span for k in warmed} == {0} and store.spans == {256, 512}  # a stored graph serves every span
-        store.calls.clear()
-        engine.calibrate(prompts[0])
-        if policy == "auto":  # both modes timed on the graphs they will run on, not eager
-            timed = {k.kind[:5] for k in store.calls}
-            assert timed == {"targe", "draft"} and sum(store.calls.values()) > 4 * CALIBRATION_STEPS
-        got, _ = run_all(engine, prompts, options)
+    steps = CompiledRunner(store=store)
+    engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=3, slot_tokens=512, spec_policy=policy,
+                                                                  batch_invariant=invariant), runner=steps)
+    built = engine.warm(512, seal=True)
+    warmed = set(store.built)
+    assert built == len(warmed) == len(steps.compiled) and not engine.runner.build
+    assert {k.rows for k in warmed} == ({3} if invariant else {1, 2, 3})
+    assert {k.span for k in warmed} == {0} and store.spans == {256, 512}  # a stored graph serves every span
+    store.calls.clear()
+    engine.calibrate(prompts[0])
+    if policy == "auto":  # both modes timed on the graphs they will run on, not eager
+        timed = {k.kind[:5] for k in store.calls}
+        assert timed == {"targe", "draft"} and sum(store.calls.values()) > 4 * CALIBRATION_STEPS
+    got, _ = run_all(engine, prompts, options)
     assert [got[i] for i in range(len(prompts))] == alone
     assert set(steps.graphs) == warmed and not steps.eager and len(store.built) == built  # no shape outside the warmed
     kinds = {k.kind for k in warmed}
@@ -206,12 +206,12 @@ def test_a_drafter_whose_layers_inductor_cannot_pack_drafts_eager(model, drafter
     options = GenerateOptions(max_new_tokens=24, stop_token_ids=())
     alone = [Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(p, options).token_ids for p in prompts[:2]]
     store = RecordingStore()
-    steps = CompiledSteps(store=store)
-    with use_steps((model, drafter), steps):
-        engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=2, slot_tokens=512, spec_policy="always"))
-        assert engine.warm(512, seal=True) > 0
-        got, _ = run_all(engine, prompts[:2], options)
-        single = Engine(model, Tok(), Eagle3Decoder(drafter, SPEC)).generate(prompts[0], options).token_ids
+    steps = CompiledRunner(store=store)
+    engine = BatchEngine(model, Tok(), drafter, SPEC, BatchConfig(slots=2, slot_tokens=512, spec_policy="always"),
+                         runner=steps)
+    assert engine.warm(512, seal=True) > 0
+    got, _ = run_all(engine, prompts[:2], options)
+    single = Engine(model, Tok(), Eagle3Decoder(drafter, SPEC, runner=steps)).generate(prompts[0], options).token_ids
     assert [got[i] for i in range(2)] == alone and single == alone[0]
     assert store.built and all(k.kind.startswith("target") for k in steps.graphs)
 
@@ -229,13 +229,13 @@ def test_cuda_graph_calls_mark_the_cache_static_and_copy_outputs():
     def fn(*args):
         return logits, [hidden]
 
-    out = CompiledSteps(device_type="cuda")._call(fn, (), view)
+    out = CompiledRunner(device_type="cuda")._call(fn, (), view)
     assert torch.equal(out[0], logits) and torch.equal(out[1][0], hidden)
     assert out[0].data_ptr() != logits.data_ptr() and out[1][0].data_ptr() != hidden.data_ptr()
     assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded" for t in (*view.k, *view.v))
 
     other = pool.rows(0, 2)
-    for steps in (CompiledSteps(), CompiledSteps(device_type="cuda", compile=False)):
+    for steps in (CompiledRunner(), CompiledRunner(device_type="cuda", compile=False)):
         out = steps._call(fn, (), other)
         assert out[0] is logits and out[1][0] is hidden
     assert not any(hasattr(t, "_dynamo_static_input_type") for t in (*other.k, *other.v))

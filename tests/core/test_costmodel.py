@@ -159,11 +159,11 @@ def test_calibration_alternates_the_order_so_a_drift_reaches_every_shape_alike(m
     def speed() -> float:
         return 1.0 + 0.04 * len(calls)
 
-    def plain(target, prompt_ids, steps, warmup=2):
+    def plain(target, prompt_ids, steps, warmup=2, runner=None):
         calls.append("plain")
         return [0.010 * speed()] * steps
 
-    def cycles(target, drafter, shape, prompt_ids, n, warmup=1):
+    def cycles(target, drafter, shape, prompt_ids, n, warmup=1, runner=None):
         calls.append(shape_key(shape))
         times = {"draft": 0.001 * shape.num_steps * speed(), "verify": 0.010 * speed(), "other": 0.0005 * speed(),
                  "extend": 0.001}

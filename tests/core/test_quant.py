@@ -10,9 +10,9 @@ from specdecode.core.quant import (
     ACTIVATIONS,
     DEFAULT_ACTIVATIONS,
     Int8Linear,
+    detect_format,
     quantize_weights,
     set_activations,
-    weight_format,
 )
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from tests.core.test_lossless import PROMPTS, DigitTokenizer
@@ -49,8 +49,8 @@ def test_quantize_weights_swaps_every_linear_and_unties_lm_head():
     assert model.lm_head.weight is model.embed_tokens.weight
     embedding = model.embed_tokens.weight.clone()
     linears = sum(isinstance(m, Linear) for m in model.modules())
-    assert quantize_weights(model, "native") == 0 and weight_format(model) == "native"
-    assert quantize_weights(model, "int8") == linears and weight_format(model) == "int8"
+    assert quantize_weights(model, "native") == 0 and detect_format(model) == "native"
+    assert quantize_weights(model, "int8") == linears and detect_format(model) == "int8"
     assert not any(isinstance(m, Linear) for m in model.modules())
     assert isinstance(model.lm_head, Int8Linear) and torch.equal(model.embed_tokens.weight, embedding)
     with pytest.raises(ValueError, match="use one of native, int8"):

@@ -106,17 +106,18 @@ def test_compiled_steps_keep_the_bits_of_a_row(model):
     EAGLE-3 verify's graph) gives the bits of k one-token steps without taps (plain decoding's graph).
     Without ``emulate_precision_casts`` a fused kernel kept bf16 intermediates in float32 in one graph and
     not in the other, and greedy speculative output left plain decoding on real prompts."""
-    from specdecode.core.compiled import CompiledSteps, use_steps
+    from specdecode.core.compiled import CompiledRunner
 
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, 96, (1, 21), generator=g)
-    with use_steps((model,), CompiledSteps()):
-        for k in (2, 4):
-            new = torch.randint(0, 96, (1, k), generator=g)
-            cache = _prefill(model, prompt)
-            with torch.inference_mode():
-                together = model(new, torch.arange(21, 21 + k), cache, hidden_layers=(1, 2)).logits[0]
-            cache = _prefill(model, prompt)
-            with torch.inference_mode():
-                alone = torch.cat([model(new[:, i:i + 1], torch.tensor([21 + i]), cache).logits[0] for i in range(k)])
-            assert torch.equal(together, alone), k
+    steps = CompiledRunner()
+    for k in (2, 4):
+        new = torch.randint(0, 96, (1, k), generator=g)
+        cache = _prefill(model, prompt)
+        with torch.inference_mode():
+            together = steps.target(model, new, torch.arange(21, 21 + k), cache, hidden_layers=(1, 2)).logits[0]
+        cache = _prefill(model, prompt)
+        with torch.inference_mode():
+            alone = torch.cat([steps.target(model, new[:, i:i + 1], torch.tensor([21 + i]), cache).logits[0]
+                               for i in range(k)])
+        assert torch.equal(together, alone), k

@@ -26,12 +26,12 @@ def test_q4_blocks_are_ggufs_own_dequantization(kind):
 
 @pytest.mark.model
 def test_q4_format_runs_the_files_own_weights():
-    from specdecode.core.quant import Int4Linear, Int8Linear, weight_format
+    from specdecode.core.quant import Int4Linear, Int8Linear, detect_format
     from specdecode.runtime.session import RuntimeConfig, start
 
     ref = start(RuntimeConfig(dtype="float32", kernels="static")).loaded.model
     q4 = start(RuntimeConfig(dtype="float32", weights="q4", kernels="static")).loaded.model
-    assert weight_format(q4) == "q4" and isinstance(q4.lm_head, Int8Linear)  # the Q8_0 lm_head: int8
+    assert detect_format(q4) == "q4" and isinstance(q4.lm_head, Int8Linear)  # the Q8_0 lm_head: int8
     for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
         layer = q4.layers[3].get_submodule(name)
         assert isinstance(layer, Int4Linear)

@@ -73,6 +73,6 @@ def test_start_resolves_the_format_and_says_why(monkeypatch):
     monkeypatch.setattr(autoformat, "_cpu_flags", lambda: BF16)
     session = start(RuntimeConfig(threads=2))
     assert (session.config.dtype, session.config.weights, session.dtype) == ("bfloat16", "q4", torch.bfloat16)
-    from specdecode.core.quant import weight_format
+    from specdecode.core.quant import detect_format
 
-    assert weight_format(session.loaded.model) == "q4"
+    assert detect_format(session.loaded.model) == "q4"

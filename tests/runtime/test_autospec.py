@@ -179,7 +179,7 @@ class StoredTargetGraphs:
 
 
 def test_calibration_times_the_runs_stored_graphs_and_a_new_graph_measures_again(setup):
-    from specdecode.core.compiled import CompiledSteps
+    from specdecode.core.compiled import CompiledRunner
     from specdecode.runtime.autospec import calibration_graphs, costs_key, costs_path
 
     session, drafter, path = setup
@@ -187,15 +187,15 @@ def test_calibration_times_the_runs_stored_graphs_and_a_new_graph_measures_again
     assert eager_key["graphs"] is None  # eager steps: the calibration runs eager
     store = StoredTargetGraphs(["target-r1-t1-s256.pt2"])
     store.model = session.loaded.model
-    session.loaded.model.steps = drafter.steps = CompiledSteps("cpu", store=store)  # builds in the run, not here
+    session.compiled = CompiledRunner("cpu", store=store)  # builds in the run, not here
     try:
         assert calibration_graphs(session, drafter) == ["target-r1-t1-s256.pt2"]
         choice = choose_spec(AutoSpec(), session, drafter, path)
         assert choice.costs_source.startswith("measured") and store.calls > 0  # stored graphs were timed
-        assert session.loaded.model.steps.build  # the run's own steps still build
+        assert session.compiled.build  # the run's own steps still build
         first = costs_path(costs_key(session, drafter, path))
         assert first != costs_path(eager_key)
         store.stored.append("target-r1-t4-s256.pt2")  # `specdecode compile` stored another graph
         assert costs_path(costs_key(session, drafter, path)) != first
     finally:
-        session.loaded.model.steps = drafter.steps = None
+        session.compiled = None

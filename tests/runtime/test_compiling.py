@@ -23,13 +23,14 @@ from specdecode.bench.methods import build_method
 from specdecode.cli.common import runtime_config
 from specdecode.cli.main import build_parser, main
 from specdecode.core.batching import BatchConfig
-from specdecode.core.compiled import CompiledSteps, DraftStep, TargetStep, span_buckets, use_steps
+from specdecode.core.compiled import CompiledRunner, DraftStep, TargetStep, span_buckets
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.quant import quantize_weights
+from specdecode.core.runner import EAGER
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
-from specdecode.runtime import compiling
+from specdecode.runtime import background, compiling
 from specdecode.runtime.compiling import (
     TRACED_MODULES,
     PackageStore,
@@ -85,8 +86,8 @@ def test_bench_method_compile_parameter_is_checked(tiny_session):
         build_method("baseline:steps=2", tiny_session)
     eager = build_method("baseline:compile=off", tiny_session)
     compiled = build_method("baseline:compile=on", tiny_session)
-    assert eager.steps is None and compiled.steps is tiny_session.compiled is not None
-    assert tiny_session.loaded.model.steps is None  # made for the method, not installed
+    assert eager.runner is EAGER and compiled.runner is tiny_session.compiled is not None
+    assert compiled.decoder.runner is compiled.runner and eager.decoder.runner is EAGER
 
 
 def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
@@ -95,13 +96,13 @@ def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
     batch = BatchConfig(slots=1, slot_tokens=256)
     with pytest.raises(ValueError, match="build into a store"):
         precompile_pool(tiny_session.compiled, tiny_session.loaded, baseline_decode, batch, 256)
-    session = replace(tiny_session, compiled=CompiledSteps(store=PackageStore(tmp_path)))
+    session = replace(tiny_session, compiled=CompiledRunner(store=PackageStore(tmp_path)))
     heard: list[tuple[int, int]] = []
     first = precompile_pool(session.compiled, session.loaded, baseline_decode, batch, 256,
                             lambda i, n: heard.append((i, n)))
     assert [(k.kind, k.rows, k.tokens, k.span) for k, _ in first.built] == [("target[]", 1, 1, 0)]
     assert first.loaded == 0 and first.sizes == [256] and heard == [(0, 1), (1, 1)] and first.disk_bytes > 0
-    again = precompile_pool(CompiledSteps(store=PackageStore(tmp_path)), session.loaded, baseline_decode, batch, 256)
+    again = precompile_pool(CompiledRunner(store=PackageStore(tmp_path)), session.loaded, baseline_decode, batch, 256)
     assert again.built == [] and again.loaded == 1
 
 
@@ -128,9 +129,8 @@ def stored(tmp_path_factory):
     prompt = [rng.randrange(4, 97) for _ in range(24)]  # > 16 tokens: the prefill stays eager
     root = tmp_path_factory.mktemp("graphs")
     eager = generate(model, Eagle3Decoder(drafter, CHAIN), prompt)
-    steps = CompiledSteps(store=PackageStore(root))
-    with use_steps((model, drafter), steps):
-        built = generate(model, Eagle3Decoder(drafter, CHAIN), prompt)
+    steps = CompiledRunner(store=PackageStore(root))
+    built = generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=steps)
     return model, drafter, prompt, root, eager, built, steps
 
 
@@ -151,9 +151,8 @@ def test_stored_graphs_equal_eager_and_a_new_process_loads_them(stored):
         return {*tmp.glob("aotinductor_*"), *tmp.glob("specdecode-aoti-*")}
 
     before = extracted()
-    again = CompiledSteps(store=PackageStore(root), build=False)
-    with use_steps((model, drafter), again):
-        assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt) == eager
+    again = CompiledRunner(store=PackageStore(root), build=False)
+    assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=again) == eager
     # the loader's extraction is removed once loaded (it leaked 150 MB per graph and process: a full disk)
     assert extracted() <= before
     assert again.compiled == [] and sorted(map(str, again.loaded)) == sorted(str(k) for k, _ in steps.compiled)
@@ -182,9 +181,8 @@ def test_damaged_graph_is_said_and_left_to_eager(stored, tmp_path):
     for f in copy.rglob("*.pt2"):
         f.write_bytes(f.read_bytes()[:1000])  # cut short, as a full disk or a killed copy leaves it
     said: list[str] = []
-    steps = CompiledSteps(store=PackageStore(copy, log=said.append), build=False)
-    with use_steps((model, drafter), steps):
-        assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt) == eager
+    steps = CompiledRunner(store=PackageStore(copy, log=said.append), build=False)
+    assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=steps) == eager
     assert steps.loaded == [] and said and "could not be loaded" in said[0] and "damaged, removed" in said[0]
     assert not list(copy.rglob("*.pt2"))  # removed, so the next build writes it whole
 
@@ -193,21 +191,13 @@ def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_p
     model, *_ = stored
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     steps, why = stored_steps(model, torch.device("cpu"), None, None)
-    assert steps is None and "stays eager" in why and "specdecode compile" in why and model.steps is None
+    assert steps is None and "stays eager" in why and "specdecode compile" in why
     shutil.copytree(stored[3], tmp_path / "graphs")
     steps, why = stored_steps(model, torch.device("cpu"), None, None)
-    try:
-        assert steps is not None and model.steps is steps and not steps.build and "graphs stored" in why
-    finally:
-        model.steps = None
+    assert steps is not None and not steps.build and "graphs stored" in why
     parse = build_parser().parse_args
     assert runtime_config(parse(["generate", "hi"])).stored_graphs
     assert not runtime_config(parse(["bench"])).stored_graphs  # bench measures what it is told
-
-
-def generate_eager(model, prompt):
-    with use_steps((model,), None):
-        return generate(model, None, prompt)
 
 
 def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
@@ -223,15 +213,13 @@ def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
     rng = random.Random(3)
     prompt = [rng.randrange(4, 97) for _ in range(24)]
     eager = generate(int8, None, prompt)
-    steps = CompiledSteps(store=PackageStore(tmp_path))
+    steps = CompiledRunner(store=PackageStore(tmp_path))
     longer = [rng.randrange(4, 97) for _ in range(300)]  # a cache of 512 slots, not 256: the same graphs
-    with use_steps((int8,), steps):
-        assert generate(int8, None, prompt) == eager
-        built = len(steps.compiled)
-        assert generate(int8, None, longer) == generate_eager(int8, longer) and len(steps.compiled) == built
-    again = CompiledSteps(store=PackageStore(tmp_path), build=False)  # as a new process: loaded and bound
-    with use_steps((int8,), again):
-        assert generate(int8, None, prompt) == eager
+    assert generate(int8, None, prompt, runner=steps) == eager
+    built = len(steps.compiled)
+    assert generate(int8, None, longer, runner=steps) == generate(int8, None, longer) and len(steps.compiled) == built
+    again = CompiledRunner(store=PackageStore(tmp_path), build=False)  # as a new process: loaded and bound
+    assert generate(int8, None, prompt, runner=again) == eager
     assert again.loaded and again.compiled == []
     graph = next(iter(again.graphs.values()))
     live = {t.data_ptr() for t in compiling.live_tensors(TargetStep(int8, ())).values()}
@@ -292,9 +280,9 @@ def test_the_code_identity_covers_what_the_steps_import():
             seen.add(name)
             todo.extend(imports(name))
     assert seen <= set(TRACED_MODULES), f"traced code imports {sorted(seen - set(TRACED_MODULES))}: add them"
-    assert imports("compiled") - set(TRACED_MODULES) == {"requests", "speculative"}  # not traced: warm, types
+    assert imports("compiled") - set(TRACED_MODULES) == {"requests", "runner", "speculative"}  # warm, types
     with pytest.raises(ValueError, match="build into a store"):
-        precompile(tiny_model(), CompiledSteps(), None, None, 256)
+        precompile(tiny_model(), CompiledRunner(), None, None, 256)
     assert main(["compile", "--compile", "off"]) == 2
 
 
@@ -374,20 +362,20 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     assert compile_args(build_parser().parse_args(["generate", "hi", "--no-spec"]), 600)[:1] == ["--no-spec"]
 
     root = tmp_path / "graphs"
-    with compiling.build_lock(root) as mine:
-        assert mine and compiling.building(root)
-        with compiling.build_lock(root, wait=False) as second:
+    with background.build_lock(root) as mine:
+        assert mine and background.building(root)
+        with background.build_lock(root, wait=False) as second:
             assert not second
         monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
         assert main(["compile", "--if-idle", "--model", "/nonexistent.gguf"]) == 0  # left before loading the model
-        monkeypatch.setenv(compiling.BACKGROUND_ENV, "1")
-        assert "another process" in compiling.build_in_background(flags, root).why
-    assert not compiling.building(root)
+        monkeypatch.setenv(background.BACKGROUND_ENV, "1")
+        assert "another process" in background.build_in_background(flags, root).why
+    assert not background.building(root)
 
     started: list = []
     monkeypatch.setattr(compiling.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw))
                         or SimpleNamespace(pid=4242))
-    session = SimpleNamespace(compiled=CompiledSteps(store=PackageStore(root)), device=torch.device("cpu"),
+    session = SimpleNamespace(compiled=CompiledRunner(store=PackageStore(root)), device=torch.device("cpu"),
                               world_size=1)
     auto = Namespace(**vars(args))
     assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and not started  # every shape had a graph
@@ -399,6 +387,6 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     # the run's flags and the shape it decoded with (not auto's pick again), at least compile's length
     assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3})),
                                       DEFAULT_COMPILE_MAX_LEN)
-    monkeypatch.setenv(compiling.BACKGROUND_ENV, "0")
+    monkeypatch.setenv(background.BACKGROUND_ENV, "0")
     assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and len(started) == 1
     assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None

@@ -32,8 +32,8 @@ def test_refusals_name_the_fix(name):
 
 def test_int8_applies_to_every_linear_and_native_to_none():
     model = tiny_model(dtype=torch.float32)
-    assert weight_format("native").apply(model, HF, torch.float32) == 0 and quant.weight_format(model) == "native"
-    assert weight_format("int8").apply(model, HF, torch.float32) > 0 and quant.weight_format(model) == "int8"
+    assert weight_format("native").apply(model, HF, torch.float32) == 0 and quant.detect_format(model) == "native"
+    assert weight_format("int8").apply(model, HF, torch.float32) > 0 and quant.detect_format(model) == "int8"
 
 
 def test_auto_q4_says_why_not():

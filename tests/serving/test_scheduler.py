@@ -324,20 +324,22 @@ def test_the_default_auto_policy_is_calibrated_before_the_first_request(loaded, 
 def test_compiled_steps_are_warmed_before_the_first_request_and_nothing_compiles_after(loaded, decoder, caplog):
     """With compiled steps installed, the server builds (or loads) every decode-step graph of its pool
     before it serves and seals the store: requests run on those graphs and wait for no compiler."""
-    from specdecode.core.compiled import CompiledSteps, use_steps
+    from dataclasses import replace
+
+    from specdecode.core.compiled import CompiledRunner
     from tests.core.test_compiled import RecordingStore
 
     caplog.set_level(logging.INFO, logger="specdecode")
     store = RecordingStore()
-    steps = CompiledSteps(store=store)
+    steps = CompiledRunner(store=store)
     body = {"model": NAME, "prompt": "Tell me a story", "max_tokens": 12, "temperature": 0}
-    with use_steps((loaded.model, decoder.drafter), steps):
-        running = Running(create_app(loaded, decoder, NAME, batch=BatchConfig(slots=2, spec_policy="always")))
-        try:
-            texts = [httpx.post(running.url + COMPLETIONS, json=body, timeout=60).json()["choices"][0]["text"]
-                     for _ in range(2)]
-        finally:
-            running.stop()
+    running = Running(create_app(loaded, replace(decoder, runner=steps), NAME,
+                                 batch=BatchConfig(slots=2, spec_policy="always")))
+    try:
+        texts = [httpx.post(running.url + COMPLETIONS, json=body, timeout=60).json()["choices"][0]["text"]
+                 for _ in range(2)]
+    finally:
+        running.stop()
     warmed = set(store.built)
     assert warmed and {k.rows for k in warmed} == {1, 2}
     assert {k.span for k in warmed} == {0} and store.spans == {CONTEXT}  # stored graphs serve any span

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.bench.harness import run_interleaved, summarize
+from specdecode.bench.harness import run_interleaved
 from specdecode.bench.methods import BaselineMethod, build_method
+from specdecode.bench.output import summarize
 from specdecode.io.prompts import Prompt
 from tests.serving.helpers import CHAT, COMPLETIONS, KEY, NAME, expected, post, sse_events
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from specdecode.bench.fingerprint import capture
-from specdecode.bench.harness import MeasureConfig, summarize
+from specdecode.bench.output import MeasureConfig, summarize
 from specdecode.bench.remote.request import Api, RequestResult
 from specdecode.bench.remote.run import RemoteError, measure_endpoint, short_model_id
 from specdecode.bench.store import Run, new_run_id, now

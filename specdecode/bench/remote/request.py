@@ -105,7 +105,7 @@ def _incomplete(res: RequestResult) -> str | None:
     return None
 
 
-def _stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: Api, timeout_s: float,
+def stream_one(client: httpx.Client, url: str, body: dict, headers: dict, api: Api, timeout_s: float,
                 res: RequestResult, t_run: float) -> None:
     """Fill ``res`` from one streaming request; never raises for request-level failures."""
     t0 = time.perf_counter()

@@ -22,7 +22,7 @@ from specdecode.bench.remote.request import (
     _ms,
     _prompt_fields,
     _request_body,
-    _stream_one,
+    stream_one,
 )
 from specdecode.bench.stats import percentile
 
@@ -161,7 +161,7 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
         for _ in range(warmup):
             if prompts:
                 w = RequestResult("warmup", "warmup")
-                _stream_one(client, url, _request_body(prompts[0], 0, api, model, min(max_new_tokens, 16),
+                stream_one(client, url, _request_body(prompts[0], 0, api, model, min(max_new_tokens, 16),
                                                        temperature, extra_body),
                             headers, api, timeout_s, w, time.perf_counter())
         before, _ = read_spec_snapshot(client, base, headers)
@@ -177,7 +177,7 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
             except Exception as e:  # a bad prompt fails its request, not the run
                 results[i].error = f"cannot build the request: {type(e).__name__}: {e}"
                 return i
-            _stream_one(client, url, body, headers, api, timeout_s, results[i], t_run)
+            stream_one(client, url, body, headers, api, timeout_s, results[i], t_run)
             with lock:
                 last_end[0] = max(last_end[0], t_run + results[i].end_s)
             return i
