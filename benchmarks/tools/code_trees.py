@@ -76,7 +76,8 @@ def main() -> None:
                      "ratio_new_old": med["new"] / med["old"],
                      "noise_old": max(speeds["old"]) / min(speeds["old"]),
                      "noise_new": max(speeds["new"]) / min(speeds["new"]),
-                     "same_tokens": same, "description": runs[c]["new"][0].get("decoder")})
+                     "same_tokens": same, "method": {t: runs[c][t][0]["method"] for t in trees},
+                     "graphs_loaded": {t: runs[c][t][0]["graphs_loaded"] for t in trees}})
     print(f"{'config':<10}{'old tok/s':>12}{'new tok/s':>12}{'new/old':>9}{'noise old':>11}{'noise new':>11}"
           "  same tokens")
     for row in rows:

@@ -27,7 +27,7 @@ from specdecode.core.requests import GenerateOptions
 from specdecode.io.llamacpp import find_llama_tool
 from specdecode.io.prompts import Prompt, encode_prompt, load_prompts
 from specdecode.runtime.session import RuntimeConfig, Session, start
-from specdecode.runtime.weights import WEIGHT_FORMATS
+from specdecode.runtime.weights import WEIGHT_FORMATS, weight_format
 
 DEFAULT_FORMATS = ("float32:native", "bfloat16:native", "bfloat16:int8", "float32:int8")
 
@@ -50,7 +50,7 @@ def format_name(dtype: str, weights: str, kernels: str, activations: str = DEFAU
     """``dtype:weights``, with ``:static`` when the kernels are not the default and the activations when they
     are not (quantized weights only)."""
     name = f"{dtype}:{weights}" + ("" if kernels == "auto" else f":{kernels}")
-    return name + ("" if activations == DEFAULT_ACTIVATIONS or weights == "native" else f":{activations}")
+    return name + (f":{activations}" if activations != DEFAULT_ACTIVATIONS and weight_format(weights).quantized else "")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from specdecode.bench.profiles import load_profile
 from specdecode.bench.store import ResultsStore, load_run
 from specdecode.io.prompts import Prompt, encode_prompt
 from specdecode.runtime.session import Session
+from specdecode.runtime.weights import weight_format
 
 Progress = Callable[[], None] | None  # called once per generation (warmup included)
 
@@ -46,7 +47,7 @@ def run_fingerprint(session: Session, drafter_paths: Sequence[str] = (), launch_
     return capture(threads=session.threads, dtype=session.dtype_name, device=str(session.device),
                    model_path=session.loaded.source, drafter_paths=sorted(p for p in drafter_paths if p != "random"),
                    launch_profile=profile, tensor_parallel=session.world_size, weights=session.config.weights,
-                   activations=None if session.config.weights == "native" else session.config.activations,
+                   activations=session.config.activations if weight_format(session.config.weights).quantized else None,
                    kernels=session.kernels.summary(),
                    compiled="on" if session.compiled is not None else "off")
 

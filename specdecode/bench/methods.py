@@ -313,7 +313,7 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
     """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
     ``served:url=URL[,model=NAME]``."""
     name, params = check_method(spec)
-    runner = _method_runner(spec, params, session) if name in ("baseline", "eagle3") else session.runner
+    runner = _method_runner(spec, params, session) if name in ("baseline", "eagle3") else EAGER
     if name == "baseline":
         return BaselineMethod(spec, session.loaded, runner=runner)
     if name == "hf":

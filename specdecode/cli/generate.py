@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.runtime.background import BACKGROUND_ENV
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
+    from specdecode.runtime.weights import weight_format
 
     err = Console(stderr=True)
     spec = decoder_spec(args)  # bad flags are refused before the model loads
@@ -143,11 +144,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(record))
     else:
+        weights = f", {session.config.weights} weights" if weight_format(session.config.weights).quantized else ""
         err.print(f"[bold]{result.num_tokens} tokens[/] in {result.elapsed_s:.2f} s: "
                   f"[bold]{result.tok_per_s:.1f} tok/s[/] (prompt {result.prompt_tokens} tokens, "
                   f"time to first token {result.ttft_s * 1000:.0f} ms, finish: {result.finish_reason}; "
                   f"{session.config.dtype}"
-                  f"{'' if session.config.weights == 'native' else ', ' + session.config.weights + ' weights'}, "
+                  f"{weights}, "
                   f"{session.device}, {session.threads} threads, model loaded in {load_s:.1f} s)")
         if "allreduce_share" in result.stats:
             err.print(f"tensor parallel: all-reduce {result.stats['allreduce_ms_per_token']:.2f} ms/token "

@@ -115,6 +115,7 @@ def sweep_one(args: argparse.Namespace, config: SweepConfig, runtime: Any, out: 
     from specdecode.bench.sweep import SweepPlan, write_sweep
     from specdecode.cli.common import save_and_report
     from specdecode.runtime.session import start
+    from specdecode.runtime.weights import weight_format
 
     session = start(runtime, on_compile=compile_notice, log=notice)
     plan = SweepPlan(config, session)
@@ -131,7 +132,7 @@ def sweep_one(args: argparse.Namespace, config: SweepConfig, runtime: Any, out: 
         save_and_report(sweep.to_run(), ResultsStore(args.store), None, console)
 
     weights = session.config.weights
-    fmt = session.config.dtype + ("" if weights == "native" else f", {weights} weights")
+    fmt = session.config.dtype + (f", {weights} weights" if weight_format(weights).quantized else "")
     table = Table(title=f"sweep: {sweep.prompts} prompts, {fmt}, {session.threads} threads; baseline "
                         f"{1000 / result['baseline_ms_per_token']:.1f} tok/s")
     for col in ("config", "verified", "accept len", "tok/s", "speedup", "predicted", "draft", "verify", "extend",

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import torch
-from torch import Tensor
 
 from specdecode.core.attention import rows_mask
 from specdecode.core.compiled import CompiledRunner, fixed_rows, padded_rows, span_buckets
@@ -281,7 +280,7 @@ class BatchEngine:
                 spread = max(statistics.median(t) / min(t) for t in times.values())
                 for spec, t in times.items():
                     fastest[spec] = min(fastest[spec], *t)
-                room = self.limit - self.margin - max(row.length for row in self.rows) - 1
+                room = self.limit - self.margin - max(self.tpool.lengths[:len(self.rows)]) - 1
                 if spread <= CALIBRATION_SPREAD or room < steps * (self.margin + 2):
                     break  # steady, or no room left in the rows for another round
             self.policy.decide(b, fastest[False], fastest[True], tokens / spec_steps)
@@ -349,13 +348,18 @@ class BatchEngine:
             generator = options.sampling.make_generator(self.model.device)
         row = _Row(key=key, prompt=list(prompt_ids), options=options, text=TextAssembler(self.tokenizer, options),
                    arrived=time.perf_counter(), sampling=options.sampling, generator=generator)
+        j = len(self.rows)
+        for pool in (self.tpool, self.dpool):  # the row's slots are free: whatever they held is not counted
+            if pool is not None:
+                pool.rows(j, j + 1).truncate(0)
         if (prefix := self.prefix) is not None and (blocks := prefix.match(row.prompt)):
-            taps = prefix.load(blocks, self.tpool, len(self.rows))
-            row.length = row.cached = len(blocks) * prefix.block
+            taps = prefix.load(blocks, self.tpool, j)
+            row.cached = len(blocks) * prefix.block
+            self.tpool.rows(j, j + 1).advance(row.cached)
             if self._aux():  # the prompt's taps wait for the drafter, as after computing them
                 assert taps is not None, "a drafting engine stores taps with every block"
                 row.pending_hidden.append(taps)
-                row.pending_tokens += row.prompt[1:row.length + 1]
+                row.pending_tokens += row.prompt[1:row.cached + 1]
         self.rows.append(row)
         return row.cached
 
@@ -415,13 +419,13 @@ class BatchEngine:
         # The waiting request with the fewest chunks prefilled so far (then the earliest): chunks go round
         # the waiting requests, so a short prompt behind a long one starts after one of its chunks, not
         # after all of them (a 7001-token prompt held a short request's first token 17.6 s: issue 26)
-        chunk = self.config.prefill_chunk
+        chunk, lengths = self.config.prefill_chunk, self.tpool.lengths
         j = min(range(self.decoding, len(self.rows)),
-                key=lambda i: (-(-(self.rows[i].length - self.rows[i].cached) // chunk), self.rows[i].arrived))
+                key=lambda i: (-(-(lengths[i] - self.rows[i].cached) // chunk), self.rows[i].arrived))
         row = self.rows[j]
-        a = row.length
+        a = lengths[j]
         b = min(a + self.config.prefill_chunk, len(row.prompt))
-        logits = prefill(self.model, self.tpool.rows(j, j + 1, a), row, row.prompt, b, self._aux(), self.runner)
+        logits = prefill(self.model, self.tpool.rows(j, j + 1), row, row.prompt, b, self._aux(), self.runner)
         report.prefill_tokens += b - a
         if b < len(row.prompt):
             return
@@ -442,24 +446,21 @@ class BatchEngine:
 
     # ------------------------------------------------------------ decode steps
 
-    def _lengths(self, n: int) -> Tensor:
-        return torch.tensor([r.length for r in self.rows[:n]], device=self.model.device)
-
     def _plain_step(self, report: StepReport) -> None:
         n, device = self.decoding, self.model.device
-        rows = self.rows[:n]
-        lengths = self._lengths(n)
-        mask = rows_mask([r.length for r in rows], torch.ones(n, 1, 1, dtype=torch.bool, device=device),
-                         max(r.length for r in rows) + 1)
+        rows, pool = self.rows[:n], self.tpool.rows(0, n)
+        host = pool.lengths
+        lengths = torch.tensor(host, device=device)
+        mask = rows_mask(host, torch.ones(n, 1, 1, dtype=torch.bool, device=device), max(host) + 1)
         aux = self._aux()
         out = self.runner.target(self.model, torch.tensor([[r.root] for r in rows], device=device), lengths[:, None],
-                                 self.tpool.rows(0, n), attention_mask=mask, hidden_layers=aux, slots=lengths[:, None])
+                                 pool, attention_mask=mask, hidden_layers=aux, slots=lengths[:, None])
+        pool.advance(1)
         hidden = torch.cat(out.hidden_states, -1) if aux else None
         catch_up = False
         # one argmax over the batch (per-row calls took 7% of a 32-row step)
         greedy = greedy_argmax(out.logits[:, -1]).tolist() if any(r.options.sampling.greedy for r in rows) else []
         for b, row in enumerate(rows):
-            row.length += 1
             row.root = (greedy[b] if row.options.sampling.greedy
                         else int(sample(out.logits[b, -1], row.options.sampling, row.generator)))
             if hidden is not None:
@@ -494,18 +495,16 @@ class BatchEngine:
     # ------------------------------------------------------------ pool rows
 
     def _copy_row(self, src: int, dst: int) -> None:
-        row = self.rows[src]
-        self.tpool.copy_row(src, dst, row.length)
+        self.tpool.copy_row(src, dst)
         if self.dpool is not None:
-            self.dpool.copy_row(src, dst, row.dlength)
+            self.dpool.copy_row(src, dst)
 
     def _swap(self, i: int, j: int) -> None:
-        """Swap two rows (cache contents and bookkeeping)."""
-        a, b = self.rows[i], self.rows[j]
-        self.tpool.swap_rows(i, j, a.length, b.length)
+        """Swap two rows (cache contents, lengths and bookkeeping)."""
+        self.tpool.swap_rows(i, j)
         if self.dpool is not None:
-            self.dpool.swap_rows(i, j, a.dlength, b.dlength)
-        self.rows[i], self.rows[j] = b, a
+            self.dpool.swap_rows(i, j)
+        self.rows[i], self.rows[j] = self.rows[j], self.rows[i]
 
     def _drop(self, i: int) -> None:
         """Free row i: the last row of its block moves into its place."""

@@ -204,7 +204,7 @@ class CompiledRunner:
         assert isinstance(start, Tensor) and mask is not None
         logits, hidden = self._target(model, tokens, positions.expand(B, T), start, mask, cache, taps)
         if slots is None:
-            cache.length += T
+            cache.advance(T)
         return ForwardOutput(logits if logits_at is None else logits[:, logits_at], hidden)
 
     def draft(self, drafter: Drafter, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
@@ -218,7 +218,7 @@ class CompiledRunner:
         assert isinstance(start, Tensor) and mask is not None
         logits, h = self._draft(drafter, tokens, hidden, positions.expand(B, T), start, mask, cache)
         if slots is None:
-            cache.length += T
+            cache.advance(T)
         return logits, h
 
     def _target(self, model: Transformer, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,

@@ -103,7 +103,7 @@ class Eagle3Drafter(nn.Module):
             positions = positions.expand(B, T)
         logits, h = self.step(tokens, hidden, positions, start, mask, cache.k, cache.v)
         if slots is None:
-            cache.length += T
+            cache.advance(T)
         return logits, h
 
     def step(self, tokens: Tensor, hidden: Tensor, positions: Tensor, start: int | Tensor, mask: Tensor | None,

@@ -221,7 +221,7 @@ class Transformer(nn.Module):
         if logits_at is not None:
             x = x[:, logits_at]
         if slots is None:
-            cache.length += T
+            cache.advance(T)
         return ForwardOutput(self.lm_head(self.norm(x)), hidden)
 
     def taps(self, hidden_layers: Sequence[int]) -> tuple[int, ...]:

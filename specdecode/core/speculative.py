@@ -160,16 +160,16 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") ->
 
 @dataclass(eq=False, kw_only=True)
 class SpecRow:
-    """One request in the speculative cycle: its place in the target and draft caches (row i of
-    the caches a phase is given) and what the drafter has yet to see. A request decoded alone is
-    a batch of one such row; continuous batching (``core.batching``) keeps one per slot."""
+    """One request in the speculative cycle: what the drafter has yet to see and its draft state. Its
+    place in the target and draft caches is row i of the caches a phase is given, whose lengths the
+    caches keep (the target's: tokens before the root, the last token, which is not in it yet; the
+    draft's: its entries, a self-drafter's one more than its pairs). A request decoded alone is a batch
+    of one such row; continuous batching (``core.batching``) keeps one per slot."""
 
     sampling: SamplingParams = SamplingParams()
     generator: torch.Generator | None = None
-    length: int = 0  # tokens in the target cache (the root, the last token, is not yet)
     root: int = -1
     dpairs: int = 0  # (hidden, token) pairs the drafter has seen = its next position
-    dlength: int = 0  # entries in the draft cache (a self-drafter holds one more)
     pending_hidden: list[Tensor] = field(default_factory=list)  # target taps the drafter has not seen ...
     pending_tokens: list[int] = field(default_factory=list)  # ... paired with the next token of each
     state: DraftState | None = None  # the draft's prediction at the root
@@ -188,14 +188,13 @@ def extend_draft(drafter: Drafter, cache: KVCache, target_hidden: Tensor, next_t
 
 def prefill(target: Transformer, cache: KVCache, row: SpecRow, prompt: Sequence[int], stop: int,
             aux_layers: Sequence[int], runner: StepRunner = EAGER) -> Tensor:
-    """Prompt tokens ``[row.length, stop)`` into ``cache`` (the row's own: a request's cache or a
-    one-row view of a pool, of length ``row.length``); their taps wait for the drafter. Returns the
-    logits after the last of them (the first new token's, once ``stop`` is the prompt's end)."""
-    device, a = target.device, row.length
+    """Prompt tokens ``[cache.length, stop)`` appended to ``cache`` (the row's: a one-row view of a pool);
+    their taps wait for the drafter. Returns the logits after the last of them (the first new token's,
+    once ``stop`` is the prompt's end)."""
+    device, a = target.device, cache.length
     out = runner.target(target, torch.tensor([list(prompt[a:stop])], device=device),
                         torch.arange(a, stop, device=device), cache, hidden_layers=aux_layers,
                         logits_at=torch.tensor([-1], device=device))
-    row.length = stop
     if aux_layers:
         row.pending_hidden.append(torch.cat(out.hidden_states, -1)[0])
         row.pending_tokens += prompt[a + 1:stop + 1]  # the pair of the last one waits for the next chunk (or the root)
@@ -207,11 +206,11 @@ def start_draft(drafter: Drafter, cache: KVCache, row: SpecRow, root: int, runne
     ``cache`` (the row's own, empty; a self-drafter puts the prompt's first token ahead)."""
     row.root = root
     row.pending_tokens.append(root)
-    if cache.length != 0 or row.dlength != 0:
+    if cache.length != 0:
         raise ValueError("start_draft runs once per request, on its empty draft cache")
     row.state = extend_draft(drafter, cache, torch.cat(row.pending_hidden), torch.tensor(row.pending_tokens,
                              device=row.pending_hidden[0].device), row.dpairs, runner)
-    row.dpairs, row.dlength = len(row.pending_tokens), cache.length
+    row.dpairs = len(row.pending_tokens)
     row.pending_hidden, row.pending_tokens = [], []
 
 
@@ -222,12 +221,13 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], runne
     counts = [len(r.pending_tokens) for r in rows]
     if not any(counts):
         return
-    if any(c and not r.dlength for r, c in zip(rows, counts, strict=True)):
+    lengths = cache.lengths
+    if any(c and not n for n, c in zip(lengths, counts, strict=True)):
         raise ValueError("a row's prompt goes through the drafter with start_draft first")
     n, device = len(rows), cache.k[0].device
     T = max(counts)
     t = torch.arange(T, device=device)
-    starts = torch.tensor([r.dlength for r in rows], device=device)
+    starts = torch.tensor(lengths, device=device)
     causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
     if min(counts) == T:  # no padding (always so for a request alone): no padded copies to fill
         hidden = torch.stack([torch.cat(r.pending_hidden) for r in rows])
@@ -246,13 +246,13 @@ def extend_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], runne
         slots = torch.where(real, starts[:, None] + t, cache.max_len)  # padding: the scratch slot
         local = causal & real[:, None, :]
     positions = torch.tensor([r.dpairs for r in rows], device=device)[:, None] + t
-    mask = rows_mask([r.dlength for r in rows], local, max(r.dlength + c for r, c in zip(rows, counts, strict=True)))
+    mask = rows_mask(lengths, local, max(n + c for n, c in zip(lengths, counts, strict=True)))
     logits, out = runner.draft(drafter, tokens, hidden, positions, cache, attention_mask=mask, slots=slots)
+    cache.advance(counts)
     for b, row in enumerate(rows):
         if counts[b]:
             row.state = DraftState(logits[b, counts[b] - 1], out[b, counts[b] - 1])
             row.dpairs += counts[b]
-            row.dlength += counts[b]
             row.pending_hidden, row.pending_tokens = [], []
 
 
@@ -263,7 +263,7 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
     row's best ``num_draft_tokens - 1`` nodes.
 
     A level's frontier is written to the draft cache after the row's entries (slots
-    ``dlength + (level - 1) * topk ...``) and sees the row's prefix, its ancestors and itself;
+    ``length + (level - 1) * topk ...``) and sees the row's prefix, its ancestors and itself;
     nothing counts those entries afterwards (the next extend overwrites them)."""
     n, k = len(rows), config.topk
     states = [r.state for r in rows]
@@ -278,7 +278,7 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
     frontier = torch.arange(k, device=device).expand(n, k)  # candidate indices of the frontier
     f_hidden = torch.stack([s.hidden for s in states if s is not None])[:, None].expand(n, k, -1)
     f_score, f_ids = score, draft_ids
-    prefix = [r.dlength for r in rows]  # up to and including the root's pair
+    prefix = cache.lengths  # up to and including the root's pair
     if config.num_steps > 1:
         own = torch.eye(k, dtype=torch.bool, device=device).expand(n, k, k)
         ancestors = torch.zeros(n, k, 0, dtype=torch.bool, device=device)  # frontier x earlier levels' entries
@@ -286,8 +286,9 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
     for depth in range(1, config.num_steps):
         used = (depth - 1) * k  # entries of earlier levels
         mask = rows_mask(prefix, torch.cat((ancestors, own), -1), max(prefix) + used + k)
-        # positions and slots from the rows' host lengths: one small copy each, no arithmetic on the device
-        positions = torch.tensor([[r.length - 1 + depth] * k for r in rows], device=device)
+        # positions and slots from the rows' host counts: one small copy each, no arithmetic on the device (a
+        # node of depth d is the pair at position n - 1 + d, n the target's tokens: the pairs seen, dpairs)
+        positions = torch.tensor([[r.dpairs - 1 + depth] * k for r in rows], device=device)
         slots = torch.tensor([[p + used + j for j in range(k)] for p in prefix], device=device)
         logits, hidden = runner.draft(drafter, drafter.to_target_ids(f_ids), f_hidden, positions, cache,
                                       attention_mask=mask, slots=slots)
@@ -336,9 +337,10 @@ def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], tr
     """One target forward over every row's tree (per-row tree masks, positions by depth, the nodes
     written after each row's entries): logits [n, N, V] and fused taps [n, N, W]."""
     N, device = trees[0].size, target.device
-    lengths = torch.tensor([r.length for r in rows], device=device)
+    host = cache.lengths
+    lengths = torch.tensor(host, device=device)
     slots = lengths[:, None] + torch.arange(N, device=device)  # [n, N]
-    mask = rows_mask([r.length for r in rows], torch.stack([t.mask for t in trees]), max(r.length for r in rows) + N)
+    mask = rows_mask(host, torch.stack([t.mask for t in trees]), max(host) + N)
     positions = lengths[:, None] + torch.stack([t.depths for t in trees])
     out = runner.target(target, torch.stack([t.tokens for t in trees]), positions, cache, attention_mask=mask,
                         hidden_layers=aux_layers, slots=slots)
@@ -393,10 +395,8 @@ def accept_rows(cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTr
         mine = Verification(ver.logits[b], ver.hidden[b])
         acc = (accept_greedy(tree, mine, greedy[b]) if row.sampling.greedy
                else accept_sampling(tree, mine, row.sampling, row.generator))
-        start = row.length
-        if acc.path != list(range(len(acc.path))):  # a chain's path is in place already
-            cache.keep_row(b, start, torch.tensor(acc.path, device=ver.logits.device) + start)
-        row.length = start + len(acc.path)
+        start = cache.lengths[b]
+        cache.keep_row(b, start, torch.tensor(acc.path, device=ver.logits.device) + start)  # a chain's: in place
         new_tokens = acc.new_tokens(tree)
         row.pending_hidden.append(mine.hidden[acc.path])
         row.pending_tokens += new_tokens

@@ -26,6 +26,7 @@ class WeightFormat:
     tensor_parallel: bool = False  # has a sharded path
     auto_devices: tuple[str, ...] = ("cpu", "cuda")  # device types where ``auto`` may choose it (its kernels are fast)
     native_kernels: bool = False  # on CPU its fast kernel is one of ours, built at first use (runtime.native)
+    quantized: bool = True  # integer layers, whose activations are quantized as --activations says
 
     def refusal(self, source: Path | None, world_size: int) -> str | None:
         """Why this format cannot run ``source`` (None: not known yet) in this run (an explicit
@@ -54,7 +55,7 @@ def _q4(model: nn.Module, source: Path, dtype: torch.dtype) -> int:
 
 
 FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
-    WeightFormat("native", "the file's weights in the compute dtype", _native, tensor_parallel=True),
+    WeightFormat("native", "the file's weights in the compute dtype", _native, tensor_parallel=True, quantized=False),
     WeightFormat("int8", "weight-only int8 per output channel (any source)", _int8),
     WeightFormat("q4", "a GGUF's own Q4_0/Q4_1 blocks, the other layers int8", _q4, gguf_only=True,
                  auto_devices=("cpu",), native_kernels=True),

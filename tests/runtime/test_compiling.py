@@ -373,7 +373,7 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     assert not background.building(root)
 
     started: list = []
-    monkeypatch.setattr(compiling.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw))
+    monkeypatch.setattr(background.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw))
                         or SimpleNamespace(pid=4242))
     session = SimpleNamespace(compiled=CompiledRunner(store=PackageStore(root)), device=torch.device("cpu"),
                               world_size=1)

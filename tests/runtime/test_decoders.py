@@ -63,7 +63,7 @@ def test_default_spec_is_the_shipped_drafter_for_the_default_model_only():
     other = session("some/other-model.gguf")
     assert resolve_drafter_path(DecoderSpec(), other) is None
     decoder = build_decoder(DecoderSpec(), other)
-    assert decoder.decode is baseline_decode and decoder.description == "baseline"
+    assert decoder.decode == baseline_decode and decoder.description == "baseline"
     assert not decoder.is_speculative and decoder.drafter_path is None and decoder.config is None
 
 
@@ -100,7 +100,7 @@ def test_speculative_false_is_the_baseline(drafter):
     spec = DecoderSpec(speculative=False, drafter=drafter)
     assert resolve_drafter_path(spec, s) is None
     decoder = build_decoder(spec, s)
-    assert decoder.decode is baseline_decode and decoder.description == "baseline"
+    assert decoder.decode == baseline_decode and decoder.description == "baseline"
     assert not decoder.is_speculative and decoder.config is None
 
 

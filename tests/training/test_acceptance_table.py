@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdecode.core import engine as engine_module
 from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
 from specdecode.core.drafter import random_drafter
 from specdecode.io.checkpoints import read_acceptance, save_drafter
@@ -16,6 +15,7 @@ from specdecode.io.loading import LoadedModel
 from specdecode.io.paths import file_fingerprint
 from specdecode.io.tokenizer import Tokenizer
 from specdecode.runtime.session import RuntimeConfig, Session
+from specdecode.training import evaluate
 from specdecode.training.dataset import DataSet
 from specdecode.training.evaluate import AcceptanceTableConfig, acceptance_table
 from tests.helpers import tiny_model
@@ -53,7 +53,7 @@ def test_each_data_set_is_an_equal_share_of_the_table(tmp_path, monkeypatch):
     save_drafter(random_drafter(model, draft_vocab_size=50, seed=2), drafter_dir)
     session = Session(RuntimeConfig(dtype="float64"), LoadedModel(model, Tokenizer(NoTokenizer(), ()), Path("t"),
                                                                   Path("t")), torch.device("cpu"), torch.float64, 1)
-    monkeypatch.setattr(engine_module, "Engine", FakeEngine)
+    monkeypatch.setattr(evaluate, "Engine", FakeEngine)
     a, b = data_set(tmp_path / "a", 1, 4), data_set(tmp_path / "b", 2, 5)
     out = acceptance_table(AcceptanceTableConfig(data=(a, b), drafter=str(drafter_dir), samples=3), session)
     table = read_acceptance(drafter_dir)

@@ -158,7 +158,7 @@ def test_a_stopped_build_keeps_the_answers_it_finished(tmp_path, monkeypatch):
     cfg = data.DataBuildConfig(out=str(tmp_path / "d"), prompts=(str(prompts),), max_new_tokens=3, batch_size=64,
                                sampled_fraction=0.0)
 
-    def stopped_after_two(model, prompt_ids, options, eos, batch, on_done):
+    def stopped_after_two(model, prompt_ids, options, eos, batch, on_done, runner=None):
         for i in range(2):
             on_done(i, [42, 43])
         raise KeyboardInterrupt
@@ -192,7 +192,7 @@ def test_a_resumed_build_is_the_data_set_an_uninterrupted_one_is(tmp_path, monke
         ds = DataSet(tmp_path / out)
         before = len(ds.index()) if ds.exists() else 0
 
-        def generate_all(model, prompt_ids, options, eos, batch, on_done):
+        def generate_all(model, prompt_ids, options, eos, batch, on_done, runner=None):
             for i, o in enumerate(options):
                 if i == stop_after:
                     raise KeyboardInterrupt
