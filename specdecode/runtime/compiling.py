@@ -223,6 +223,56 @@ def _whole_zip(path: Path) -> bool:
         return False
 
 
+LITERALS = "specdecode/literals.json"  # in a package without weights: the constants inductor made itself
+
+
+@contextlib.contextmanager
+def literal_constants() -> Iterator[dict[str, dict[str, Any]]]:
+    """The tensors inductor adds to a graph while compiling it (``GraphLowering.add_tensor_constant`` with no
+    name: a 4-bit matmul's group size, lowering ``aten._weight_int4pack_mm_for_cpu``), recorded by name. A
+    package without weights (``package_constants_in_so=False``) holds none of its constants, these included,
+    so the loader binds them from here (on an AVX2 EPYC, whose kernel plan takes int4pack, every 4-bit graph
+    was refused for lacking them). Only small tensors are expected; their values are kept as lists."""
+    from torch._inductor.graph import GraphLowering  # inductor: imported only when building
+
+    recorded: dict[str, dict[str, Any]] = {}
+    original = GraphLowering.add_tensor_constant
+
+    def recording(self: GraphLowering, data: torch.Tensor, name: str | None = None) -> Any:
+        box = original(self, data, name)
+        if name is None:
+            recorded[box.get_name()] = {"dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape),
+                                        "data": data.flatten().tolist()}
+        return box
+
+    GraphLowering.add_tensor_constant = recording  # type: ignore[method-assign]
+    try:
+        yield recorded
+    finally:
+        GraphLowering.add_tensor_constant = original  # type: ignore[method-assign]
+
+
+def aoti_package(exported: torch.export.ExportedProgram, path: Path, bound: bool, held: list[str]) -> None:
+    """``exported`` compiled by AOTInductor into a package at ``path`` (``package_options``); without weights
+    (``bound``), the constants inductor made itself go with it (``literal_constants``)."""
+    with literal_constants() as literals:
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(path),
+                                                 inductor_configs=package_options(bound, held))
+    if bound and literals:
+        with zipfile.ZipFile(path, "a") as z:
+            z.writestr(LITERALS, json.dumps(literals))
+
+
+def read_literals(path: Path) -> dict[str, torch.Tensor]:
+    """A package's recorded inductor constants (``literal_constants``), as tensors."""
+    with zipfile.ZipFile(path) as z:
+        if LITERALS not in z.namelist():
+            return {}
+        literals = json.loads(z.read(LITERALS))
+    return {name: torch.tensor(c["data"], dtype=getattr(torch, c["dtype"])).reshape(c["shape"])
+            for name, c in literals.items()}
+
+
 class LoadedGraph:
     """An AOTInductor package run by torch's C++ loader, called like the module it was exported from.
     ``torch._inductor.aoti_load_package`` imports inductor and dynamo (2.3 s per process on a 2-core
@@ -244,7 +294,7 @@ class LoadedGraph:
         metadata = self.loader.get_metadata()
         bound = self.loader.get_constant_fqns() if metadata.get(BOUND) == "1" else []
         held = [n for n in metadata.get(HELD, "").split(",") if n]
-        live = tensors or {}
+        live = {**read_literals(path), **(tensors or {})}
         missing = [n for n in (*bound, *held) if n not in live]
         if missing:
             raise ValueError(f"{path.name} reads weights the module does not have ({', '.join(missing[:3])}"
@@ -350,8 +400,7 @@ class PackageStore:
             tmp = path.parent / ".building" / f"{path.stem}.{os.getpid()}.pt2"
             tmp.parent.mkdir(exist_ok=True)
             try:
-                torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp),
-                                                         inductor_configs=package_options(bound, held))
+                aoti_package(exported, tmp, bound, held)
                 os.replace(tmp, path)  # whole or not at all
             finally:
                 tmp.unlink(missing_ok=True)

@@ -390,3 +390,29 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     monkeypatch.setenv(background.BACKGROUND_ENV, "0")
     assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and len(started) == 1
     assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None
+
+
+def test_constants_inductor_makes_go_with_a_package_without_weights(tmp_path):
+    """Inductor lowers a 4-bit matmul (``aten._weight_int4pack_mm_for_cpu``, the kernel plan's int4pack) with its
+    group size as a constant of its own. A package without weights holds none of its constants: the build
+    records that one in the package and the loader binds it beside the module's tensors (on an AVX2 EPYC, whose
+    kernel plan takes int4pack, every 4-bit target graph had been refused for lacking it). Equal to eager."""
+    q = torch.randint(0, 16, (32, 64), dtype=torch.int32)
+
+    class Int4(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            self.register_buffer("sz", torch.rand(2, 32, 2, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w, 32, self.sz)
+
+    module, x = Int4(), torch.randn(1, 64, dtype=torch.bfloat16)
+    path = tmp_path / "int4.pt2"
+    with torch.no_grad():
+        compiling.aoti_package(torch.export.export(module, (x,)), path, bound=True, held=[])
+    literals = compiling.read_literals(path)
+    assert literals and all(t.dtype == torch.int64 and t.item() == 32 for t in literals.values())
+    graph = compiling.LoadedGraph(path, dict(module.named_buffers()))
+    assert torch.equal(graph(x), module(x))
