@@ -132,7 +132,7 @@ def teacher_forced(model: Transformer, passages: list[list[int]]) -> tuple[float
             x = torch.tensor([ids], device=device)
             logits = model(x, torch.arange(len(ids), device=device), model.new_cache(1, len(ids))).logits[0, :-1]
             target = x[0, 1:]
-            nll += float(F.cross_entropy(logits.float(), target, reduction="sum"))
+            nll += float(F.cross_entropy(logits.double(), target, reduction="sum"))  # see llama_teacher_forced
             count += len(ids) - 1
             top1.append(logits.argmax(-1).cpu())
     return nll, count, top1
@@ -146,7 +146,9 @@ def llama_teacher_forced(llm: Any, passages: list[list[int]]) -> tuple[float, in
         llm.eval(ids)
         logits = torch.from_numpy(np.array(llm.scores[: len(ids) - 1], dtype=np.float32))
         target = torch.tensor(ids[1:])
-        nll += float(F.cross_entropy(logits, target, reduction="sum"))
+        # in float64: float32's sum of 49152 exponentials drifted by 1.4e-4 of the perplexity on an AVX2 EPYC
+        # (8-lane partial sums), against under 1e-4 with AVX-512's 16 lanes; in float64 it is exact to 1e-12
+        nll += float(F.cross_entropy(logits.double(), target, reduction="sum"))
         count += len(ids) - 1
         top1.append(logits.argmax(-1))
     return nll, count, top1
