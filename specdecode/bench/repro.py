@@ -74,7 +74,7 @@ def _runs(model: Transformer, prompts: Sequence[Sequence[int]], options: Generat
           slots: int, drafter: Drafter | None, spec: SpecConfig | None, invariant: bool = False,
           one_at_a_time: bool = False, runner: StepRunner = EAGER) -> list[list[int]]:
     policy: SpecPolicyName = "never" if drafter is None else "always"
-    slot_tokens = max(len(p) for p in prompts) + options.max_new_tokens + (spec.num_draft_tokens if spec else 0) + 1
+    slot_tokens = max(len(p) for p in prompts) + options.max_new_tokens + (spec.margin if spec else 0) + 1
     # no prefix cache: what changes an answer here must be the batch's company alone (one engine per run, so
     # the one-at-a-time runs would hit nothing while the batched ones share the chat template's stem)
     config = BatchConfig(slots=slots, slot_tokens=slot_tokens, spec_policy=policy, batch_invariant=invariant,

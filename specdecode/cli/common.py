@@ -108,6 +108,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-draft-tokens", type=int, default=None,
                    help="tree nodes verified, root included (default: num_steps + 1 for a chain, "
                         "1 + num_steps * topk for a tree)")
+    g.add_argument("--ngram", type=non_negative_int, default=0, metavar="N",
+                   help="beside the drafter's tree, verify up to N tokens copied from the request's own text where "
+                        "its last tokens appeared before (prompt lookup: pays where answers copy their prompt, e.g. "
+                        "summaries and RAG); output is unchanged. Default: 0 (off)")
     g.add_argument("--aux-layer-convention", choices=("sglang", "vllm"), default=None,
                    help="how to read explicit eagle_aux_hidden_state_layer_ids in a drafter config "
                         "(sglang: id = output of layer id; vllm: id = input of layer id)")
@@ -223,6 +227,7 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
                                           ("--topk", args.topk is not None),
                                           ("--num-draft-tokens", args.num_draft_tokens is not None),
                                           ("--adapt", getattr(args, "adapt", False)),
+                                          ("--ngram", getattr(args, "ngram", 0) != 0),
                                           ("--spec-config static", getattr(args, "spec_config", "auto") == "static"))
                  if given]
         if inert:
@@ -232,7 +237,7 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
         sampling_params(args)
     return DecoderSpec(speculative=not args.no_spec, drafter=args.drafter, config=spec_config(args),
                        aux_layer_convention=args.aux_layer_convention, sync=not args.no_sync,
-                       adapt=getattr(args, "adapt", False))
+                       adapt=getattr(args, "adapt", False), ngram=getattr(args, "ngram", 0))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

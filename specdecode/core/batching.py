@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import torch
@@ -24,6 +24,7 @@ from specdecode.core.attention import rows_mask
 from specdecode.core.compiled import CompiledRunner, fixed_rows, padded_rows, span_buckets
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
+from specdecode.core.ngram import NgramIndex
 from specdecode.core.prefixcache import BLOCK, PrefixCache
 from specdecode.core.profiler import CycleRecord, PhaseClock, SpecProfile, TimeMeter
 from specdecode.core.requests import (
@@ -137,7 +138,7 @@ class StepReport:
     def cycle_records(self) -> list[CycleRecord]:
         """Each row's cycle with the step's phase times (the time every row of the batch waited)."""
         times = {**self.phases, "total": sum(self.phases.values())}
-        return [CycleRecord(r.drafted, r.accepted, times) for r in self.cycles]
+        return [replace(r, times=times) for r in self.cycles]
 
 
 class BatchEngine:
@@ -348,6 +349,9 @@ class BatchEngine:
             generator = options.sampling.make_generator(self.model.device)
         row = _Row(key=key, prompt=list(prompt_ids), options=options, text=TextAssembler(self.tokenizer, options),
                    arrived=time.perf_counter(), sampling=options.sampling, generator=generator)
+        if self.drafting and any(s.ngram for s in self.shapes):  # n-gram proposals read the request's tokens
+            row.ngram = NgramIndex()
+            row.ngram.extend(row.prompt)
         j = len(self.rows)
         for pool in (self.tpool, self.dpool):  # the row's slots are free: whatever they held is not counted
             if pool is not None:
@@ -402,6 +406,8 @@ class BatchEngine:
         return report
 
     def _emit(self, report: StepReport, row: _Row, tokens: list[int]) -> None:
+        if row.ngram is not None:
+            row.ngram.extend(tokens)
         chunk = row.text.add(tokens)
         report.events.append((row.key, chunk))
 

@@ -357,7 +357,9 @@ class CompiledRunner:
                 return
             assert dcache is not None, "speculative steps draft over a drafter's cache"
             taps = tuple(drafter.config.aux_layer_ids)
-            self._target(model, *dummy_inputs(B, spec.num_draft_tokens, span, model.device), cache, taps)
+            # a verify of the head's tree, and of the tree with an n-gram proposal's nodes (``SpecConfig.ngram``)
+            for t in sorted({bucket(n, TOKEN_BUCKETS) for n in range(spec.num_draft_tokens, spec.max_tree + 1)}):
+                self._target(model, *dummy_inputs(B, t, span, model.device), cache, taps)
             if not inductor_packs(drafter.dtype, self.device_type):
                 return  # its steps run eager (``serves``)
             width = len(taps) * model.config.hidden_size

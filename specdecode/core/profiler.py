@@ -72,6 +72,8 @@ class CycleRecord:
     drafted: int  # draft tokens verified (tree nodes minus the root)
     accepted: int  # draft tokens accepted (the bonus token not included)
     times: dict[str, float]  # seconds per phase, plus "total"
+    ngram_drafted: int = 0  # of ``drafted``: nodes only the n-gram proposal drafted (``core.ngram``)
+    ngram_accepted: int = 0  # of ``accepted``: tokens only the n-gram proposal drafted
 
 
 @dataclass
@@ -88,6 +90,8 @@ class SpecProfile:
     phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys((*PHASES, "total"), 0.0))
     prefill_s: float = 0.0
     shape_changes: list[tuple[int, str]] = field(default_factory=list)  # an adaptive shape: (cycle, new shape)
+    ngram_drafted: int = 0
+    ngram_accepted: int = 0
 
     def add(self, record: CycleRecord) -> None:
         self.cycles += 1
@@ -96,6 +100,8 @@ class SpecProfile:
         self.accepted += record.accepted
         self.depth_hist[record.accepted] += 1
         self.max_depth = max(self.max_depth, record.drafted)
+        self.ngram_drafted += record.ngram_drafted
+        self.ngram_accepted += record.ngram_accepted
         for k, v in record.times.items():
             self.phase_s[k] = self.phase_s.get(k, 0.0) + v
 
@@ -127,6 +133,9 @@ class SpecProfile:
             "prefill_ms": 1000 * self.prefill_s,
             "decode_tok_per_s": self.tokens / total if self.cycles else float("nan"),
             **({"shape_changes": [list(c) for c in self.shape_changes]} if self.shape_changes else {}),
+            # accepted draft tokens by proposer (a token both drafted counts for the head)
+            **({"accepted_by": {"eagle3": self.accepted - self.ngram_accepted, "ngram": self.ngram_accepted},
+                "ngram_drafted": self.ngram_drafted} if self.ngram_drafted else {}),
         }
 
 
@@ -145,4 +154,8 @@ def format_profile(stats: dict[str, Any], title: str = "EAGLE3 profile") -> str:
     lines.append(f"  Per-position accept: {pos}")
     hist = " ".join(f"{k}:{v}" for k, v in stats["accept_length_histogram"].items())
     lines.append(f"  Accept length histogram: {hist}")
+    if "accepted_by" in stats:
+        by = stats["accepted_by"]
+        lines.append(f"  Accepted by proposer: eagle3 {by['eagle3']}, ngram {by['ngram']} "
+                     f"(of {stats['ngram_drafted']} n-gram tokens verified)")
     return "\n".join(lines)

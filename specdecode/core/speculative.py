@@ -26,6 +26,7 @@ from torch import Tensor
 from specdecode.core.attention import rows_mask
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
+from specdecode.core.ngram import NgramIndex
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
 from specdecode.core.runner import EAGER, Drafter, StepRunner
 from specdecode.core.sampling import SamplingParams, greedy_argmax, sample
@@ -63,10 +64,15 @@ class SpecConfig:
     # None (the default): every drafted node (chain: num_steps + 1), filled in by __post_init__.
     # Typed int because every built config holds one; the None default is the "derive it" marker.
     num_draft_tokens: int = cast(int, None)
+    # Tokens a cycle may add from the request's own text (``core.ngram``: where its last tokens
+    # appeared before), merged into the head's tree; 0: none.
+    ngram: int = 0
 
     def __post_init__(self) -> None:
         if self.num_steps < 1 or self.topk < 1:
             raise ValueError(f"num_steps ({self.num_steps}) and topk ({self.topk}) must be >= 1")
+        if self.ngram < 0:
+            raise ValueError(f"ngram (tokens proposed from the text per cycle) must be >= 0, got {self.ngram}")
         most = max_draft_tokens(self.num_steps, self.topk)
         if self.num_draft_tokens is None:
             object.__setattr__(self, "num_draft_tokens", default_draft_tokens(self.num_steps, self.topk))
@@ -77,12 +83,23 @@ class SpecConfig:
 
     @property
     def max_depth(self) -> int:
-        return min(self.num_steps, self.num_draft_tokens - 1)
+        """The deepest node a cycle verifies (the head's, or an n-gram proposal's)."""
+        return max(min(self.num_steps, self.num_draft_tokens - 1), self.ngram)
+
+    @property
+    def max_tree(self) -> int:
+        """Nodes a cycle verifies at most: the head's tree (the root included) and a proposal's own nodes."""
+        return self.num_draft_tokens + self.ngram
 
     @property
     def margin(self) -> int:
-        """Target cache slots a verify writes past a row's tokens: its tree (the root included)."""
-        return self.num_draft_tokens
+        """Target cache slots a verify writes past a row's tokens: its largest tree."""
+        return self.max_tree
+
+    @property
+    def label(self) -> str:
+        """steps/topk/draft tokens, and the n-gram proposal's tokens: ``1/1/2+ngram6``."""
+        return f"{self.num_steps}/{self.topk}/{self.num_draft_tokens}" + (f"+ngram{self.ngram}" if self.ngram else "")
 
     @property
     def draft_scratch(self) -> int:
@@ -116,13 +133,19 @@ class DraftState:
 @dataclass
 class DraftTree:
     tokens: Tensor  # [N] target token ids; node 0 is the root
-    parents: list[int]  # parent node index per node (-1 for the root); parents precede children
+    parents: list[int]  # parent node index per node (-1 for the root and padding); parents precede children
     depths: Tensor  # [N]
     mask: Tensor  # [N, N] bool: ancestor-or-self
+    ngram_nodes: frozenset[int] = frozenset()  # nodes only the n-gram proposal drafted
+    padding: int = 0  # trailing nodes nobody drafted (rows of a batch verify trees of one size)
 
     @property
     def size(self) -> int:
         return self.tokens.numel()
+
+    @property
+    def drafted(self) -> int:
+        return self.size - 1 - self.padding
 
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in self.parents]
@@ -156,6 +179,36 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") ->
     return mask.to(device)
 
 
+def graft(tree: DraftTree, chain: Sequence[int], size: int | None = None) -> DraftTree:
+    """``tree`` with ``chain`` (tokens proposed after the root, ``core.ngram``) merged in from the root: a
+    token a node already has as a child follows that child, the rest become new nodes, so the chain
+    extends the tree's path where they agree and branches off where they part. Then padded to ``size``
+    nodes with nodes no path reaches (parent -1: never accepted, they see only themselves)."""
+    tokens, parents, depths = tree.tokens.tolist(), list(tree.parents), tree.depths.tolist()
+    real = tree.size - tree.padding
+    tokens, parents, depths = tokens[:real], parents[:real], depths[:real]
+    kids = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens, strict=True)) if p >= 0}
+    own = set(tree.ngram_nodes)
+    node = 0
+    for t in chain:
+        nxt = kids.get((node, t))
+        if nxt is None:
+            nxt = len(tokens)
+            tokens.append(t)
+            parents.append(node)
+            depths.append(depths[node] + 1)
+            own.add(nxt)
+            kids[(node, t)] = nxt
+        node = nxt
+    pad = max(0, (size or 0) - len(tokens))
+    tokens += [tokens[0]] * pad
+    parents += [-1] * pad
+    depths += [0] * pad
+    device = tree.tokens.device
+    return DraftTree(torch.tensor(tokens, device=device), parents, torch.tensor(depths, device=device),
+                     ancestor_mask(parents, device), frozenset(own), pad)
+
+
 # ---------------------------------------------------------------- phases
 
 @dataclass(eq=False, kw_only=True)
@@ -173,6 +226,7 @@ class SpecRow:
     pending_hidden: list[Tensor] = field(default_factory=list)  # target taps the drafter has not seen ...
     pending_tokens: list[int] = field(default_factory=list)  # ... paired with the next token of each
     state: DraftState | None = None  # the draft's prediction at the root
+    ngram: NgramIndex | None = None  # the request's tokens up to the root, when n-gram proposals are on
 
 
 def extend_draft(drafter: Drafter, cache: KVCache, target_hidden: Tensor, next_tokens: Tensor,
@@ -424,14 +478,26 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
     extend_rows(drafter, dcache, rows, runner)
     clock.mark("extend")
     trees = draft_rows(drafter, dcache, rows, config, runner)
+    if config.ngram:
+        trees = propose_rows(rows, trees, config.ngram)
     clock.mark("draft")
     ver = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids, runner)
     clock.mark("verify")
     accepted = accept_rows(tcache, rows, trees, ver)
     clock.mark("other")  # acceptance and cache compaction
     return CycleResult([a.new_tokens(t) for a, t in zip(accepted, trees, strict=True)],
-                       [CycleRecord(t.size - 1, len(a.path) - 1, {}) for a, t in zip(accepted, trees, strict=True)],
+                       [CycleRecord(t.drafted, len(a.path) - 1, {}, len(t.ngram_nodes),
+                                    sum(i in t.ngram_nodes for i in a.path)) for a, t in zip(accepted, trees, strict=True)],
                        clock.finish())
+
+
+def propose_rows(rows: Sequence[SpecRow], trees: Sequence[DraftTree], tokens: int) -> list[DraftTree]:
+    """Each row's n-gram proposal of ``tokens`` grafted into its tree (``graft``), every tree padded to
+    the largest (one verify over the batch)."""
+    chains = [r.ngram.propose(tokens) if r.ngram is not None else [] for r in rows]
+    merged = [graft(t, c) for t, c in zip(trees, chains, strict=True)]
+    size = max(t.size for t in merged)
+    return [t if t.size == size else graft(t, (), size) for t in merged]
 
 
 # ---------------------------------------------------------------- what to decode with

@@ -5,7 +5,7 @@ same thing wherever it is named."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdecode.core.costmodel import AutoSpec
@@ -40,6 +40,15 @@ class DecoderSpec:
     # auto without cached cycle costs: decode a cheap shape now rather than time them first (runtime.autospec
     # DEFERRED_SHAPE; generate's first run, whose background build times them)
     defer_costs: bool = False
+    # tokens a cycle may add from the request's own text beside the head's draft (``SpecConfig.ngram``; 0: none)
+    ngram: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ngram < 0:
+            raise ValueError(f"ngram must be 0 (off) or more tokens per cycle, got {self.ngram}")
+        if self.ngram and self.adapt:
+            raise ValueError("--adapt re-chooses among the head's shapes and would drop --ngram's proposals: "
+                             "use one of them")
 
 
 @dataclass
@@ -88,8 +97,9 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
     if choice.plain_is_faster and spec.allow_plain:
         return Decoder(BaselineDecoder(runner=session.runner),
                        "baseline (auto: no speculative shape is predicted faster here)", choice=choice)
-    c = choice.config
-    desc = f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens})"
+    c = replace(choice.config, ngram=spec.ngram)
+    desc = (f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens}"
+            + (f", ngram={c.ngram})" if c.ngram else ")"))
     adapt = choice.adaptive() if spec.adapt else None
     notes = []
     if adapt is not None:
