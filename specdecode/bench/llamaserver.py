@@ -1,5 +1,6 @@
 """llama.cpp's llama-server as a bench method, started by bench itself: ``llamaserver`` (plain) or
-``llamaserver:spec=eagle3,n_max=N`` (its EAGLE-3 with our drafter as its GGUF, ``io.llamacpp``).
+``llamaserver:spec=eagle3,n_max=N`` (its EAGLE-3 with our drafter as its GGUF, ``io.llamacpp``), and with
+``ngram=TYPE[+TYPE]`` llama.cpp's own n-gram drafts beside it (or alone): its hybrid, on our prompts.
 
 Each prompt's token ids go to its native ``/completion`` (streamed, greedy: ``temperature 0``,
 ``top_k 1``; ``cache_prompt false``, so every request pays its prefill as ours do; ``return_tokens``
@@ -23,7 +24,7 @@ from pathlib import Path
 from specdecode.bench.output import RunOutput
 from specdecode.io.paths import default_drafter_path
 
-SPEC_KEYS = ("spec", "n_max", "drafter", "server")
+SPEC_KEYS = ("spec", "n_max", "drafter", "server", "ngram")
 STARTUP_S = 120.0
 
 
@@ -38,11 +39,11 @@ class LlamaServerMethod:
 
     def __init__(self, name: str, model_gguf: Path, threads: int, stop_ids: Sequence[int],
                  drafter_gguf: Path | None = None, n_max: int = 1, server: str | None = None, context: int = 4096,
-                 timeout_s: float = 300.0, extra: Sequence[str] = ()) -> None:
+                 timeout_s: float = 300.0, extra: Sequence[str] = (), ngram: tuple[str, ...] = ()) -> None:
         import httpx
 
         # torch (io.llamacpp reads and writes GGUF tensors): this module's result parsing runs without it
-        from specdecode.io.llamacpp import find_llama_server
+        from specdecode.io.llamacpp import find_llama_server, llama_spec_args
 
         if model_gguf.suffix.lower() != ".gguf":
             raise ValueError(f"method {name!r} runs a GGUF; the model is {model_gguf}")
@@ -53,9 +54,9 @@ class LlamaServerMethod:
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [self.binary, "-m", str(model_gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
                "-tb", str(threads), "-np", "1", "-c", str(context), "--no-webui"]
+        cmd += llama_spec_args(str(drafter_gguf) if drafter_gguf is not None else None, n_max, ngram)
         if drafter_gguf is not None:
-            cmd += ["-md", str(drafter_gguf), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max),
-                    "-td", str(threads), "-tbd", str(threads)]
+            cmd += ["-td", str(threads), "-tbd", str(threads)]
         self.command = cmd + list(extra)
         self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         with open(self.log, "w") as out:
@@ -136,9 +137,10 @@ class LlamaServerMethod:
 
 def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threads: int,
                       drafter_path: str | None, stop_ids: Sequence[int]) -> LlamaServerMethod:
-    """``llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH]``: the drafter (a directory, exported
-    and cached as its GGUF, or a .gguf) defaults to ``--drafter``, else the shipped one."""
-    from specdecode.io.llamacpp import drafter_gguf  # torch, as in LlamaServerMethod
+    """``llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]``: the drafter (a directory,
+    exported and cached as its GGUF, or a .gguf) defaults to ``--drafter``, else the shipped one; ``ngram``:
+    llama.cpp's n-gram draft types (``LLAMA_NGRAM_TYPES``) beside it, or alone."""
+    from specdecode.io.llamacpp import LLAMA_NGRAM_TYPES, drafter_gguf  # torch, as in LlamaServerMethod
 
     unknown = set(params) - set(SPEC_KEYS)
     if unknown:
@@ -151,10 +153,15 @@ def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threa
         raise ValueError(f"method {spec!r}: n_max must be an integer") from None
     if n_max < 1:
         raise ValueError(f"method {spec!r}: n_max must be >= 1")
+    ngram = tuple(filter(None, params.get("ngram", "").split("+")))
+    unknown_types = [t for t in ngram if t not in LLAMA_NGRAM_TYPES]
+    if unknown_types:
+        raise ValueError(f"method {spec!r}: unknown llama.cpp n-gram type(s) {unknown_types}; use one or more of "
+                         f"{', '.join(LLAMA_NGRAM_TYPES)}, joined by +")
     drafter = None
     if params.get("spec") == "eagle3":
         source = params.get("drafter") or drafter_path or default_drafter_path()
         if source is None:
             raise ValueError(f"method {spec!r} needs a drafter: drafter=PATH or --drafter")
         drafter = drafter_gguf(source, model_gguf)[0]
-    return LlamaServerMethod(spec, model_gguf, threads, stop_ids, drafter, n_max, params.get("server"))
+    return LlamaServerMethod(spec, model_gguf, threads, stop_ids, drafter, n_max, params.get("server"), ngram=ngram)

@@ -47,8 +47,9 @@ METHODS = (
      "same steps); ngram=M: with up to M tokens a cycle copied from the request's text (generate --ngram)"),
     ("hf", "transformers' generate on the same weights"),
     ("llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF"),
-    ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH]",
-     "llama.cpp's llama-server started by bench, plain or with its EAGLE-3 and our drafter"),
+    ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]",
+     "llama.cpp's llama-server started by bench, plain or with its EAGLE-3 and our drafter, and with its own n-gram "
+     "drafts (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) beside it or alone"),
     ("served:url=URL[,model=NAME]", "a running OpenAI-compatible server, same token ids"),
 )
 

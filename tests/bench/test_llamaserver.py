@@ -42,12 +42,13 @@ def test_plain_and_eagle3_methods_run_against_the_server(server, tmp_path):
     assert plain.proc.poll() is not None
     drafter = tmp_path / "d.gguf"
     drafter.write_bytes(b"")
-    spec = build_llamaserver("llamaserver:spec=eagle3,n_max=3", {"spec": "eagle3", "n_max": "3",
-                                                                  "drafter": str(drafter), "server": str(server)},
-                             gguf, 2, None, [2])
+    spec = build_llamaserver("llamaserver:spec=eagle3,n_max=3,ngram=ngram-simple+ngram-mod",
+                             {"spec": "eagle3", "n_max": "3", "drafter": str(drafter), "server": str(server),
+                              "ngram": "ngram-simple+ngram-mod"}, gguf, 2, None, [2])
     try:
         cmd = spec.command
         assert cmd[cmd.index("-md") + 1] == str(drafter) and cmd[cmd.index("--spec-draft-n-max") + 1] == "3"
+        assert cmd[cmd.index("--spec-type") + 1] == "draft-eagle3,ngram-simple,ngram-mod"  # llama.cpp's hybrid
         out = spec.run([5], 6)
         assert out.stats["accepted"] == 3 and out.stats["accept_length"] == 2.0
     finally:
@@ -59,6 +60,8 @@ def test_bad_parameters_and_a_failing_server_are_clear_errors(server, tmp_path):
     gguf.write_bytes(b"")
     with pytest.raises(ValueError, match="unknown parameter"):
         build_llamaserver("llamaserver:topk=2", {"topk": "2"}, gguf, 2, None, [2])
+    with pytest.raises(ValueError, match="unknown llama.cpp n-gram type.*ngram-simple"):
+        build_llamaserver("llamaserver:ngram=suffix", {"ngram": "suffix"}, gguf, 2, None, [2])
     with pytest.raises(ValueError, match="n_max must be >= 1"):
         build_llamaserver("llamaserver:spec=eagle3,n_max=0", {"spec": "eagle3", "n_max": "0"}, gguf, 2, None, [2])
     with pytest.raises(ValueError, match="exited .* while starting:\n.*failed to load model"):

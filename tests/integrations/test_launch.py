@@ -157,6 +157,22 @@ def test_launch_llamacpp_refuses_what_it_cannot_run(tmp_path):
     assert tp.returncode == 2 and "--tp is for SGLang and vLLM" in tp.stderr
     other = specdecode("launch", "vllm", "--threads", "2", "--dry-run", check=False)
     assert other.returncode == 2 and "llama.cpp's" in other.stderr
+    ngram = specdecode("launch", "sglang", "--llama-ngram", "ngram-simple", "--dry-run", check=False)
+    assert ngram.returncode == 2 and "--llama-ngram are llama.cpp's" in ngram.stderr
+    bad = specdecode("launch", "llamacpp", "--llama-server", str(server), "--llama-ngram", "suffix", "--dry-run",
+                     check=False)
+    assert bad.returncode == 2 and "unknown llama.cpp n-gram type(s) suffix" in bad.stderr
+
+
+def test_launch_llamacpp_passes_its_ngram_drafts_beside_the_drafter_or_alone(tmp_path):
+    server = _fake_llama_server(tmp_path)
+    env = {"SPECDECODE_CACHE": str(tmp_path / "cache"), "SPECDECODE_RESULTS_DB": str(tmp_path / "runs.db")}
+    both = shlex.split(specdecode("launch", "llamacpp", "--llama-server", str(server), "--llama-ngram",
+                                  "ngram-simple,ngram-map-k", "--dry-run", env=env).stdout.strip())
+    assert both[both.index("--spec-type") + 1] == "draft-eagle3,ngram-simple,ngram-map-k" and "-md" in both
+    alone = shlex.split(specdecode("launch", "llamacpp", "--llama-server", str(server), "--no-spec", "--llama-ngram",
+                                   "ngram-simple", "--dry-run", env=env).stdout.strip())
+    assert alone[alone.index("--spec-type") + 1] == "ngram-simple" and "-md" not in alone
 
 
 def test_a_missing_llama_server_names_every_way_to_get_one(monkeypatch):

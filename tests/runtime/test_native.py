@@ -481,6 +481,24 @@ def test_attention_kernel_a_query_depends_only_on_the_keys_it_sees(loaded, name,
 
 
 @pytest.mark.parametrize(("name", "dtype"), ATTENTION_CASES)
+def test_attention_kernel_a_query_gets_its_bits_wherever_its_keys_sit(loaded, name, dtype):
+    """A tree's later sibling: the token sits one slot (or more) past where it sits decoded alone, with a
+    masked sibling's key between its ancestors and itself. It sees the same keys in the same order, so it
+    gets the same bits (the softmax's sum by rank among the seen keys, not by slot)."""
+    op = attention_kernel(name)
+    for p, gaps in ((6, 1), (7, 1), (14, 3), (15, 2), (29, 1), (40, 5)):
+        q, k, v, _ = _attention_case(1, 1, p + 1 + gaps, dtype, False, seed=p)
+        qg = q.reshape(1, 3, 3, 64)
+        alone = op(qg, k[:, :, :p + 1].contiguous(), v[:, :, :p + 1].contiguous(), None, 1)  # keys 0..p
+        # the same keys with `gaps` other keys (siblings) before the last one, masked
+        order = [*range(p), *range(p + 1, p + 1 + gaps), p]
+        moved_k, moved_v = k[:, :, order].contiguous(), v[:, :, order].contiguous()
+        mask = torch.ones(1, 1, p + 1 + gaps, dtype=torch.bool)
+        mask[0, 0, p:p + gaps] = False
+        assert torch.equal(op(qg, moved_k, moved_v, mask, 1), alone), (p, gaps)
+
+
+@pytest.mark.parametrize(("name", "dtype"), ATTENTION_CASES)
 def test_attention_kernel_rows_and_tokens_get_their_own_bits(loaded, name, dtype):
     """Each row of a batch, and each token of a 16-token verify under a tree-like mask, gets the bits it gets
     alone: the kernels split rows and queries into tasks, never sums."""

@@ -8,9 +8,11 @@
 // key), and the weighted sum of values converts each value row once for a tile of queries.
 //
 // A query's result depends only on the keys it sees, as in the AVX2 kernel: a key's score is the same
-// arithmetic in any block and for any key count; masked and padding keys add exact zeros to the softmax's
-// lane sums (in block order) and are skipped in the weighted sum (which runs in key order); queries share
-// loads, never arithmetic. So a token decoded alone and the same token in a verify of k get the same bits.
+// arithmetic in any block and for any key count; the softmax's sum runs over the seen keys packed in key
+// order (so a seen key's lane is its rank among them, not its slot), and the weighted sum skips masked and
+// padding keys (in key order); queries share loads, never arithmetic. So a token decoded alone and the same
+// token in a verify of k get the same bits, wherever the verify put it (a tree's later sibling sits one slot
+// further than the token does decoded alone: lanes by slot gave it other bits, issue 52).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -72,6 +74,7 @@ inline __m512 bf16x16(const at::BFloat16* p) {
 
 struct Scratch {
   std::vector<float> scores;
+  std::vector<float> packed;  // one row's seen weights, packed in key order (the softmax's sum)
   std::vector<at::BFloat16> tail;  // the last block's keys, padded with zeros to KB rows
 };
 
@@ -172,13 +175,20 @@ void attend(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v,
       continue;
     }
     const __m512 vt = _mm512_set1_ps(t);
-    __m512 sum = zero;
+    w.packed.resize(S16 + KB);
+    float* packed = w.packed.data();
+    int64_t seen = 0;
     for (int64_t s = 0; s < S16; s += KB) {
       const __m512 x = _mm512_loadu_ps(sc + s);
-      const __m512 e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, neg, _CMP_EQ_OQ), exp16(_mm512_sub_ps(x, vt)), zero);
+      const __mmask16 hidden = _mm512_cmp_ps_mask(x, neg, _CMP_EQ_OQ);
+      const __m512 e = _mm512_mask_blend_ps(hidden, exp16(_mm512_sub_ps(x, vt)), zero);
       _mm512_storeu_ps(sc + s, e);
-      sum = _mm512_add_ps(sum, e);
+      _mm512_mask_compressstoreu_ps(packed + seen, static_cast<__mmask16>(~hidden), e);
+      seen += __builtin_popcount(static_cast<uint32_t>(static_cast<__mmask16>(~hidden)));
     }
+    std::fill(packed + seen, packed + (seen + KB - 1) / KB * KB, 0.f);
+    __m512 sum = zero;
+    for (int64_t s = 0; s < seen; s += KB) sum = _mm512_add_ps(sum, _mm512_loadu_ps(packed + s));
     totals[j - j0] = _mm512_reduce_add_ps(sum);
   }
   values(w.scores.data(), S16, v, D, n, totals, out + j0 * D);

@@ -72,7 +72,7 @@ inline __m256 exp8(__m256 x) {
 }
 
 struct Scratch {
-  std::vector<float> q, k, v, scores;
+  std::vector<float> q, k, v, scores, packed;
 };
 
 // the keys' or values' rows as fp32 [S8, D], S8 = S rounded up to a multiple of 8, the rows past S zero: fp32
@@ -88,9 +88,10 @@ inline const float* as_float(const T* x, int64_t S, int64_t S8, int64_t D, std::
 
 // one (row of the batch, KV head): G queries against S keys; D is a multiple of 8 (checked by the caller).
 // A query's result depends only on the keys it sees, not on S or the other queries: every score is one
-// block-of-8 reduction (the last block padded with masked keys), masked keys add exact zeros, and the sums
-// run in key order. So a token decoded alone (S = its position + 1) and the same token in a verify of k
-// (S = the last position + 1, a causal or tree mask) get the same bits.
+// block-of-8 reduction (the last block padded with masked keys), the softmax's sum runs over the seen keys
+// packed in key order (a seen key's lane is its rank among them, not its slot), and the weighted sum skips
+// masked keys in key order. So a token decoded alone (S = its position + 1) and the same token in a verify of
+// k (S = the last position + 1, a causal or tree mask, the token at a later sibling's slot) get the same bits.
 template <typename T>
 void attend(const T* q, const T* k_in, const T* v_in, const bool* mask, int64_t mask_stride_t, int64_t mask_stride_s,
             int64_t tokens, int64_t G, int64_t S, int64_t D, float scale, T* out) {
@@ -131,13 +132,26 @@ void attend(const T* q, const T* k_in, const T* v_in, const bool* mask, int64_t 
       std::fill(sc, sc + S8, 0.f);
     } else {
       const __m256 t = _mm256_set1_ps(top);
-      __m256 sum = _mm256_setzero_ps();
+      w.packed.resize(S8 + 8);
+      float* packed = w.packed.data();
+      int64_t seen = 0;
       for (int64_t s = 0; s < S8; s += 8) {
         const __m256 x = _mm256_loadu_ps(sc + s);
-        const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, t)), zero, _mm256_cmp_ps(x, neg, _CMP_EQ_OQ));
+        const __m256 hidden = _mm256_cmp_ps(x, neg, _CMP_EQ_OQ);
+        const __m256 e = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, t)), zero, hidden);
         _mm256_storeu_ps(sc + s, e);
-        sum = _mm256_add_ps(sum, e);
+        const int keep = ~_mm256_movemask_ps(hidden) & 0xFF;
+        if (keep == 0xFF) {  // every key of the block seen (all of them but a verify's tree and the last block)
+          _mm256_storeu_ps(packed + seen, e);
+          seen += 8;
+        } else {
+          for (int u = 0; u < 8; ++u)
+            if (keep >> u & 1) packed[seen++] = sc[s + u];
+        }
       }
+      std::fill(packed + seen, packed + (seen + 7) / 8 * 8, 0.f);
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t s = 0; s < seen; s += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(packed + s));
       total = hsum(sum);
     }
     // the weighted sum of values, up to 64 outputs a pass held in registers
