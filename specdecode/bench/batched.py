@@ -31,7 +31,7 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
     drafter = getattr(decoder.decode, "drafter", None)
     engine = BatchEngine(loaded.model, loaded.tokenizer, drafter, decoder.config,
                          BatchConfig(slots=concurrency, spec_policy=policy, prefix_cache=0),  # steps, not reuse
-                         runner=decoder.decode.runner)
+                         runner=decoder.decode.runner, budget=decoder.decode.budget)
     engine.allocate()
     # compiled steps: every graph these requests can meet, built or loaded now (else the first run at a
     # new span timed the compiler: 45 ms a "step" where the step takes 7); eager steps: nothing

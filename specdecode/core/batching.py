@@ -49,6 +49,7 @@ from specdecode.core.speculative import (
     ShapePolicy,
     SpecConfig,
     SpecRow,
+    TreeBudget,
     extend_rows,
     prefill,
     spec_cycle,
@@ -148,16 +149,17 @@ class BatchEngine:
     def __init__(self, model: Transformer, tokenizer: Tokenizer, drafter: Drafter | None = None,
                  spec: SpecConfig | None = None, config: BatchConfig = BatchConfig(), *,
                  adapt: ShapePolicy | None = None, sync: bool = True, comm: TimeMeter | None = None,
-                 runner: StepRunner = EAGER) -> None:
+                 runner: StepRunner = EAGER, budget: TreeBudget | None = None) -> None:
         """``adapt``: re-chooses the shape after every speculative step from each row's acceptance (the
         caches are sized for its largest shape); ``sync`` and ``comm``: the phase clock's (``PhaseClock``);
-        ``runner``: how the target's and the drafter's steps run (eager, or compiled graphs)."""
+        ``runner``: how the target's and the drafter's steps run (eager, or compiled graphs); ``budget``: how
+        much of each cycle's trees to verify (``core.prune``; None: all)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.drafter = drafter if spec is not None else None
         self.spec = spec if drafter is not None else None  # the next speculative step's shape
         self.adapt = adapt if self.spec is not None else None
         self.shapes = [self.spec, *(self.adapt.shapes if self.adapt else ())] if self.spec is not None else []
-        self.sync, self.comm = sync, comm
+        self.sync, self.comm, self.budget = sync, comm, budget
         self.policy = SpecPolicy(config.spec_policy, self.spec is not None)
         self.drafting = self.policy.name != "never"  # rows keep the drafter in step
         # Tokens per slot, speculative slots included: a request fits when prompt + new tokens
@@ -483,7 +485,7 @@ class BatchEngine:
         n = self.decoding
         rows = self.rows[:n]
         cycle = spec_cycle(self.model, self.drafter, self.tpool.rows(0, n), self.dpool.rows(0, n), rows, self.spec,
-                           PhaseClock(self.model.device, self.sync, self.comm), self.runner)
+                           PhaseClock(self.model.device, self.sync, self.comm), self.runner, self.budget)
         for row, new_tokens, record in zip(rows, cycle.tokens, cycle.records, strict=True):
             row.profile.add(record)
             report.cycles.append(record)

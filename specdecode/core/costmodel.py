@@ -176,6 +176,10 @@ class CycleCosts:
             by.setdefault(topk, {}).setdefault(steps, []).append(self.on_common_base(c, c.draft_ms))
         return {k: monotone_fit(v) for k, v in by.items()}
 
+    def verify_ms(self, tokens: int) -> float:
+        """A verify of ``tokens`` a row on the common time base (one token: a plain step)."""
+        return self.baseline_ms if tokens <= 1 else _interpolate(self.verify_fit, tokens)
+
     def extend_ms(self, tokens: float) -> float:
         """Linear interpolation (and extrapolation from the last two) over the measured counts."""
         return _interpolate(self.extend_ms_by_tokens, tokens)

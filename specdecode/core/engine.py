@@ -39,6 +39,7 @@ class BaselineDecoder:
     comm: None = None
     max_depth: int = 0
     runner: StepRunner = EAGER  # how steps run: eager, or compiled (runtime.decoders gives the session's)
+    budget: None = None
 
     @property
     def shapes(self) -> list[SpecConfig]:
@@ -71,7 +72,7 @@ class Engine:
         config = BatchConfig(slots=1, slot_tokens=need, prefill_chunk=prompt_len,
                              spec_policy="never" if d.spec is None else "always", prefix_cache=0)
         return BatchEngine(self.model, self.tokenizer, d.drafter, d.spec, config, adapt=policy, sync=d.sync,
-                           comm=d.comm, runner=d.runner)
+                           comm=d.comm, runner=d.runner, budget=d.budget)
 
     def stream(self, prompt_ids: Sequence[int], options: GenerateOptions = GenerateOptions(),
                profile: SpecProfile | None = None) -> Iterator[StreamChunk]:

@@ -44,6 +44,10 @@ class NgramIndex:
         """``limit`` tokens that followed the longest earlier occurrence of the text's last n-gram (the
         latest such occurrence); [] when none occurred before. A copy that runs into the text's end goes
         on with what it proposed (a text repeating itself with a period shorter than ``limit``)."""
+        return self.match(limit)[0]
+
+    def match(self, limit: int) -> tuple[list[int], int]:
+        """``propose``'s tokens and the length of the n-gram they follow (0: none)."""
         t, end = self.tokens, len(self.tokens)
         for n in range(min(self.max_n, end), self.min_n - 1, -1):
             start = self._next.get(tuple(t[end - n:]))
@@ -51,5 +55,5 @@ class NgramIndex:
                 out: list[int] = []
                 for k in range(start, start + limit):
                     out.append(t[k] if k < end else out[k - end])
-                return out
-        return []
+                return out, n
+        return [], 0

@@ -16,7 +16,8 @@ The tree follows EAGLE-2 with SGLang's parameters: ``num_steps`` (depth), ``topk
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -138,6 +139,11 @@ class DraftTree:
     mask: Tensor  # [N, N] bool: ancestor-or-self
     ngram_nodes: frozenset[int] = frozenset()  # nodes only the n-gram proposal drafted
     padding: int = 0  # trailing nodes nobody drafted (rows of a batch verify trees of one size)
+    # what the proposers knew of each node (``core.prune`` weighs it): the draft's probability of the node's
+    # token after its parent (the root 1, a node the head did not draft 0; empty: not recorded), and for the
+    # nodes on an n-gram proposal (shared ones included) its match length and the node's rank in it (1-based)
+    confidence: tuple[float, ...] = ()
+    ngram_at: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -179,34 +185,55 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") ->
     return mask.to(device)
 
 
-def graft(tree: DraftTree, chain: Sequence[int], size: int | None = None) -> DraftTree:
-    """``tree`` with ``chain`` (tokens proposed after the root, ``core.ngram``) merged in from the root: a
-    token a node already has as a child follows that child, the rest become new nodes, so the chain
-    extends the tree's path where they agree and branches off where they part. Then padded to ``size``
-    nodes with nodes no path reaches (parent -1: never accepted, they see only themselves)."""
+def graft(tree: DraftTree, chain: Sequence[int], size: int | None = None, match: int = 0) -> DraftTree:
+    """``tree`` with ``chain`` (tokens proposed after the root, ``core.ngram``, following an n-gram of
+    ``match`` tokens) merged in from the root: a token a node already has as a child follows that child,
+    the rest become new nodes, so the chain extends the tree's path where they agree and branches off where
+    they part. Then padded to ``size`` nodes with nodes no path reaches (parent -1: never accepted, they
+    see only themselves)."""
     tokens, parents, depths = tree.tokens.tolist(), list(tree.parents), tree.depths.tolist()
     real = tree.size - tree.padding
     tokens, parents, depths = tokens[:real], parents[:real], depths[:real]
+    conf = list(tree.confidence[:real]) if tree.confidence else []
     kids = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens, strict=True)) if p >= 0}
-    own = set(tree.ngram_nodes)
+    own, at = set(tree.ngram_nodes), dict(tree.ngram_at)
     node = 0
-    for t in chain:
+    for k, t in enumerate(chain, 1):
         nxt = kids.get((node, t))
         if nxt is None:
             nxt = len(tokens)
             tokens.append(t)
             parents.append(node)
             depths.append(depths[node] + 1)
+            conf += [0.0] if conf else []
             own.add(nxt)
             kids[(node, t)] = nxt
+        at[nxt] = (match, k)
         node = nxt
     pad = max(0, (size or 0) - len(tokens))
     tokens += [tokens[0]] * pad
     parents += [-1] * pad
     depths += [0] * pad
+    conf += [0.0] * pad if conf else []
     device = tree.tokens.device
     return DraftTree(torch.tensor(tokens, device=device), parents, torch.tensor(depths, device=device),
-                     ancestor_mask(parents, device), frozenset(own), pad)
+                     ancestor_mask(parents, device), frozenset(own), pad, tuple(conf), at)
+
+
+def select(tree: DraftTree, keep: Sequence[int], size: int | None = None) -> DraftTree:
+    """The subtree of nodes ``keep`` (the root and each kept node's parent among them), in their order,
+    padded to ``size`` nodes as ``graft`` pads."""
+    keep = sorted(set(keep) | {0})
+    new = {old: i for i, old in enumerate(keep)}
+    if any(tree.parents[i] >= 0 and tree.parents[i] not in new for i in keep):
+        raise ValueError("a kept node's parent must be kept")
+    parents = [new.get(tree.parents[i], -1) for i in keep]
+    idx = torch.tensor(keep, device=tree.tokens.device)
+    kept = DraftTree(tree.tokens[idx], parents, tree.depths[idx], ancestor_mask(parents, tree.tokens.device),
+                     frozenset(new[i] for i in tree.ngram_nodes if i in new), 0,
+                     tuple(tree.confidence[i] for i in keep) if tree.confidence else (),
+                     {new[i]: v for i, v in tree.ngram_at.items() if i in new})
+    return graft(kept, (), size) if size is not None and size > kept.size else kept
 
 
 # ---------------------------------------------------------------- phases
@@ -382,7 +409,10 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
         pick = torch.tensor(chosen, device=device)
         tokens = torch.cat((torch.tensor([row.root], device=device), drafter.to_target_ids(ids[b, pick])))
         node_depths = torch.cat((torch.zeros(1, dtype=torch.long, device=device), depths[pick]))
-        trees.append(DraftTree(tokens, node_parents, node_depths, ancestor_mask(node_parents, device)))
+        # the draft's probability of each node after its parent (scores are cumulative log-probs)
+        conf = [math.exp(scores[b][c] - (scores[b][row_parents[c]] if row_parents[c] >= 0 else 0.0)) for c in chosen]
+        trees.append(DraftTree(tokens, node_parents, node_depths, ancestor_mask(node_parents, device),
+                               confidence=(1.0, *conf)))
     return trees
 
 
@@ -469,21 +499,37 @@ class CycleResult:
     times: dict[str, float]
 
 
+class TreeBudget(Protocol):
+    """Chooses how much of each cycle's trees to verify from what the proposers knew of their nodes
+    (``core.prune.VerifyBudget``), and learns from what was accepted. Verifying fewer nodes changes
+    which tokens are tried, never which are accepted: losslessness is untouched."""
+
+    def prune(self, trees: Sequence[DraftTree]) -> list[DraftTree]: ...
+
+    def observe(self, trees: Sequence[DraftTree], accepted: Sequence[Acceptance]) -> None: ...
+
+
 def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: KVCache, rows: Sequence[SpecRow],
-               config: SpecConfig, clock: PhaseClock, runner: StepRunner = EAGER) -> CycleResult:
+               config: SpecConfig, clock: PhaseClock, runner: StepRunner = EAGER,
+               budget: TreeBudget | None = None) -> CycleResult:
     """One speculative cycle over a batch of rows (row i in row i of both caches): the drafter
-    catches up on what it has not seen -> every row drafts its tree -> one target forward
-    verifies them all -> each row accepts its path. A request decoded alone is a batch of one."""
+    catches up on what it has not seen -> every row drafts its tree (and grafts its n-gram proposal)
+    -> ``budget`` keeps what pays to verify -> one target forward verifies them all -> each row accepts
+    its path. A request decoded alone is a batch of one."""
     clock.start()
     extend_rows(drafter, dcache, rows, runner)
     clock.mark("extend")
     trees = draft_rows(drafter, dcache, rows, config, runner)
     if config.ngram:
         trees = propose_rows(rows, trees, config.ngram)
+    if budget is not None:
+        trees = budget.prune(trees)
     clock.mark("draft")
     ver = verify_rows(target, tcache, rows, trees, drafter.config.aux_layer_ids, runner)
     clock.mark("verify")
     accepted = accept_rows(tcache, rows, trees, ver)
+    if budget is not None:
+        budget.observe(trees, accepted)
     clock.mark("other")  # acceptance and cache compaction
     pairs = list(zip(accepted, trees, strict=True))
     return CycleResult([a.new_tokens(t) for a, t in pairs],
@@ -495,8 +541,8 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
 def propose_rows(rows: Sequence[SpecRow], trees: Sequence[DraftTree], tokens: int) -> list[DraftTree]:
     """Each row's n-gram proposal of ``tokens`` grafted into its tree (``graft``), every tree padded to
     the largest (one verify over the batch)."""
-    chains = [r.ngram.propose(tokens) if r.ngram is not None else [] for r in rows]
-    merged = [graft(t, c) for t, c in zip(trees, chains, strict=True)]
+    chains = [r.ngram.match(tokens) if r.ngram is not None else ([], 0) for r in rows]
+    merged = [graft(t, c, match=n) for t, (c, n) in zip(trees, chains, strict=True)]
     size = max(t.size for t in merged)
     return [t if t.size == size else graft(t, (), size) for t in merged]
 
@@ -514,6 +560,7 @@ class Eagle3Decoder:
     comm: TimeMeter | None = None  # tensor parallelism: all-reduce time becomes its own phase
     adapt: Callable[[], ShapePolicy] | None = None  # a new shape policy per request (core.costmodel.AdaptiveShape)
     runner: StepRunner = EAGER  # how steps run: eager, or compiled (runtime.decoders gives the session's)
+    budget: TreeBudget | None = None  # how much of each cycle's trees to verify (core.prune); None: all of them
 
     @property
     def spec(self) -> SpecConfig:

@@ -11,10 +11,11 @@ from pathlib import Path
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter, random_drafter
 from specdecode.core.engine import BaselineDecoder, TokenDecoder
+from specdecode.core.prune import VerifyBudget
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import Convention, load_drafter
 from specdecode.io.paths import shipped_drafter_for
-from specdecode.runtime.autospec import SpecChoice, choose_spec
+from specdecode.runtime.autospec import SpecChoice, choose_spec, cycle_costs
 from specdecode.runtime.kernels import install_kernels
 from specdecode.runtime.session import Session
 
@@ -42,6 +43,8 @@ class DecoderSpec:
     defer_costs: bool = False
     # tokens a cycle may add from the request's own text beside the head's draft (``SpecConfig.ngram``; 0: none)
     ngram: int = 0
+    # verify only what pays each cycle, from the proposers' confidence and the measured cycle costs (core.prune)
+    prune: bool = False
 
     def __post_init__(self) -> None:
         if self.ngram < 0:
@@ -107,5 +110,13 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
     elif spec.adapt:
         notes.append(f"--adapt needs a shape chosen by --spec-config auto (this one: {choice.how}, {choice.reason}); "
                      "the shape stays fixed")
-    decoder = Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt, runner=session.runner)
+    budget = None
+    if spec.prune:
+        costs = choice.costs or cycle_costs(session, drafters[path], path, log)[0]
+        shape = costs.shape_cost(replace(c, ngram=0))
+        rest = (shape.draft_ms + shape.other_ms if shape is not None else 0.0) + costs.extend_ms(2)
+        budget = VerifyBudget(costs.verify_ms, rest)
+        desc = desc[:-1] + ", pruned by gain)"
+    decoder = Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt, runner=session.runner,
+                            budget=budget)
     return Decoder(decoder, desc, path, c, choice, notes)

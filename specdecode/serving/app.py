@@ -146,7 +146,7 @@ def make_batcher(loaded: LoadedModel, decoder: TokenDecoder, batch: BatchConfig,
         log.info("tensor parallel: spec policy %s (every rank must take the same mode each step)", policy)
         batch = replace(batch, spec_policy=policy)
     return BatchEngine(loaded.model, loaded.tokenizer, decoder.drafter, decoder.spec, batch, adapt=None,
-                       sync=decoder.sync, comm=decoder.comm, runner=decoder.runner)
+                       sync=decoder.sync, comm=decoder.comm, runner=decoder.runner, budget=decoder.budget)
 
 
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,

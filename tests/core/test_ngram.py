@@ -121,16 +121,17 @@ def test_a_batch_with_ngram_proposals_equals_each_request_alone():
     assert any(f.profile.ngram_drafted < f.profile.drafted for f in finished.values())  # both proposers verified
 
 
-def test_sampling_with_ngram_proposals_matches_the_target_distribution():
-    """The joint distribution of the first three tokens, sampled with a partly right head and n-gram
-    proposals from a prompt that repeats itself, against the enumerated exact joint (chi-square)."""
-    V = 6
-    target = tiny_model(seed=30, vocab_size=V, num_layers=3)
+def sampled_joint_matches_the_target(config, budget=None):
+    """The joint distribution of the first three tokens, sampled with a partly right head (and whatever
+    ``config`` and ``budget`` add) from a prompt that repeats itself, in batches, against the enumerated
+    exact joint (chi-square). Returns the requests' Finished records."""
+    V6 = 6
+    target = tiny_model(seed=30, vocab_size=V6, num_layers=3)
     drafter = SelfDrafter(perturbed(target, 0.1, 0), target, 1)
     prompt = [1, 2, 3, 1, 2, 4, 1, 2]
     n0 = len(prompt)
-    exact = torch.zeros(V, V, V, dtype=torch.float64)
-    for a, b in itertools.product(range(V), repeat=2):
+    exact = torch.zeros(V6, V6, V6, dtype=torch.float64)
+    for a, b in itertools.product(range(V6), repeat=2):
         seq = prompt + [a, b]
         logits = target(torch.tensor([seq]), torch.arange(len(seq)), target.new_cache(1, 16)).logits[0].double()
         p = torch.softmax(logits, -1)
@@ -138,13 +139,18 @@ def test_sampling_with_ngram_proposals_matches_the_target_distribution():
     n = 3000
     options = [GenerateOptions(3, SamplingParams(temperature=1.0, seed=20_000 + i), stop_token_ids=())
                for i in range(n)]
-    engine = BatchEngine(target, Tok(), drafter, SpecConfig(1, 1, ngram=3), BatchConfig(slots=8, spec_policy="always"))
+    engine = BatchEngine(target, Tok(), drafter, config, BatchConfig(slots=8, spec_policy="always"), budget=budget)
     got, finished = run_all(engine, [prompt] * n, options)
-    assert sum(f.profile.ngram_accepted for f in finished.values()) > 100  # the proposals mattered
-    counts = torch.zeros(V, V, V, dtype=torch.float64)
+    counts = torch.zeros(V6, V6, V6, dtype=torch.float64)
     for toks in got.values():
         counts[tuple(toks)] += 1
     assert chi_square_p(counts.flatten(), exact.flatten()) > 1e-3
+    return finished
+
+
+def test_sampling_with_ngram_proposals_matches_the_target_distribution():
+    finished = sampled_joint_matches_the_target(SpecConfig(1, 1, ngram=3))
+    assert sum(f.profile.ngram_accepted for f in finished.values()) > 100  # the proposals mattered
 
 
 def test_ngram_shape_sizes_and_refusals():
