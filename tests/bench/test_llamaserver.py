@@ -66,6 +66,11 @@ def test_bad_parameters_and_a_failing_server_are_clear_errors(server, tmp_path):
         build_llamaserver("llamaserver:spec=eagle3,n_max=0", {"spec": "eagle3", "n_max": "0"}, gguf, 2, None, [2])
     with pytest.raises(ValueError, match="exited .* while starting:\n.*failed to load model"):
         LlamaServerMethod("llamaserver", gguf, 2, [2], server=str(server), extra=["--fail"])
+    illegal = tmp_path / "llama-server-sigill"
+    illegal.write_text("#!/bin/sh\nkill -ILL $$\n")
+    illegal.chmod(0o755)
+    with pytest.raises(ValueError, match="SIGILL: the build runs instructions .* CMAKE_ARGS"):
+        LlamaServerMethod("llamaserver", gguf, 2, [2], server=str(illegal))
 
 
 def test_llama_tools_are_found_beside_the_named_server(tmp_path, monkeypatch):
