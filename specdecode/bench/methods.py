@@ -42,11 +42,11 @@ from specdecode.runtime.session import Session
 # unknown-method error are written from this one list).
 METHODS = (
     ("baseline[:compile=on|off]", "our plain decoding (the usual reference)"),
-    ("eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,ngram=M,prune=0|1,"
+    ("eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,ngram=M,budget=0|1,"
      "compile=on|off]",
      "our EAGLE-3; no parameters: the shape --spec-config auto chooses for this run's steps (generate's, on the "
      "same steps); ngram=M: with up to M tokens a cycle copied from the request's text (generate --ngram); "
-     "prune=1: each cycle verifies what pays (generate --prune)"),
+     "budget=1: each cycle verifies what pays (generate --verify-budget)"),
     ("hf", "transformers' generate on the same weights"),
     ("llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF"),
     ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]",
@@ -61,7 +61,7 @@ def methods_help() -> str:
 
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
-EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "ngram", "prune", "compile")
+EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "ngram", "budget", "compile")
 
 
 class BaselineMethod:
@@ -269,7 +269,7 @@ def method_spec_config(spec: str) -> SpecConfig:
 def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSpec:
     """The ``DecoderSpec`` of an ``eagle3[:...]`` method; ``drafter=`` in the string wins over ``drafter_path``."""
     params = parse_method(spec)[1]
-    for flag in ("adapt", "prune"):
+    for flag in ("adapt", "budget"):
         if params.get(flag, "0") not in ("0", "1"):
             raise ValueError(f"method {spec!r}: {flag} must be 0 or 1")
     ngram = params.get("ngram", "0")
@@ -278,7 +278,7 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
     try:
         return DecoderSpec(drafter=params.get("drafter") or drafter_path, config=method_spec_request(spec),
                            adapt=params.get("adapt") == "1", allow_plain=False, ngram=int(ngram),
-                           prune=params.get("prune") == "1")
+                           verify_budget=params.get("budget") == "1")
     except ValueError as e:
         raise ValueError(f"method {spec!r}: {e}") from None
 

@@ -112,7 +112,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="beside the drafter's tree, verify up to N tokens copied from the request's own text where "
                         "its last tokens appeared before (prompt lookup: pays where answers copy their prompt, e.g. "
                         "summaries and RAG); output is unchanged. Default: 0 (off)")
-    g.add_argument("--prune", action="store_true",
+    g.add_argument("--verify-budget", action="store_true",
                    help="each cycle, verify only the drafted tokens whose expected gain (the proposers' confidence, "
                         "calibrated against what was accepted) pays for their verify cost (the measured cycle "
                         "costs); output is unchanged")
@@ -232,7 +232,7 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
                                           ("--num-draft-tokens", args.num_draft_tokens is not None),
                                           ("--adapt", getattr(args, "adapt", False)),
                                           ("--ngram", getattr(args, "ngram", 0) != 0),
-                                          ("--prune", getattr(args, "prune", False)),
+                                          ("--verify-budget", getattr(args, "verify_budget", False)),
                                           ("--spec-config static", getattr(args, "spec_config", "auto") == "static"))
                  if given]
         if inert:
@@ -243,7 +243,7 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
     return DecoderSpec(speculative=not args.no_spec, drafter=args.drafter, config=spec_config(args),
                        aux_layer_convention=args.aux_layer_convention, sync=not args.no_sync,
                        adapt=getattr(args, "adapt", False), ngram=getattr(args, "ngram", 0),
-                       prune=getattr(args, "prune", False))
+                       verify_budget=getattr(args, "verify_budget", False))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -1,4 +1,4 @@
-"""Each cycle's verify size from the proposers' confidence (``--prune``): a node is worth verifying where
+"""Each cycle's verify size from the proposers' confidence (``--verify-budget``): a node is worth verifying where
 the tokens it is expected to add pay for what verifying it costs.
 
 A node's chance of being accepted given its parent was is read from what the proposer knew of it, calibrated

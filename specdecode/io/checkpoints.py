@@ -90,6 +90,16 @@ def check_architecture(cfg: dict[str, Any], source: str) -> None:
 def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "config.json",
                    convention: Convention | None = None) -> DrafterConfig:
     check_architecture(cfg, source)
+    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
+        raise DrafterMismatchError(
+            f"{source}: a speculators checkpoint (vLLM/RedHat layout, speculators_model_type="
+            f"{cfg.get('speculators_model_type')!r}: the layer's sizes under transformer_layer_config); this engine "
+            "reads the SGLang/SpecForge layout (LlamaForCausalLMEagle3, sizes at the top level) and does not read "
+            "this one yet: load it in vLLM, or export the head in SGLang's layout")
+    if cfg.get("norm_output", True) is False:
+        raise DrafterMismatchError(
+            f"{source}: norm_output=False: a SpecForge head without the final norm before its lm_head; this "
+            "engine applies that norm (it would decode wrongly): train with the norm, or use SpecForge's engine")
     layers = int(cfg.get("num_hidden_layers") or 1)
     if layers != 1:
         raise DrafterMismatchError(f"{source}: num_hidden_layers is {layers}; this engine runs the one-layer "
@@ -231,6 +241,11 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
         raise DrafterMismatchError(
             f"{source}: drafter expects target hidden size {config.target_hidden_size}, the target has "
             f"{target.hidden_size}: this drafter was trained for another model")
+    if c.hidden_size != target.hidden_size:
+        raise DrafterMismatchError(
+            f"{source}: the drafter's layer is {c.hidden_size} wide, the target {target.hidden_size}: this engine "
+            "feeds the layer the target's token embedding, so it runs heads as wide as their target only (a "
+            "narrower head with its own embedding is not supported)")
     if c.vocab_size != target.vocab_size:
         raise DrafterMismatchError(
             f"{source}: drafter vocab_size {c.vocab_size} != target vocab size {target.vocab_size}: "

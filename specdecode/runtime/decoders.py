@@ -44,7 +44,7 @@ class DecoderSpec:
     # tokens a cycle may add from the request's own text beside the head's draft (``SpecConfig.ngram``; 0: none)
     ngram: int = 0
     # verify only what pays each cycle, from the proposers' confidence and the measured cycle costs (core.prune)
-    prune: bool = False
+    verify_budget: bool = False
 
     def __post_init__(self) -> None:
         if self.ngram < 0:
@@ -111,12 +111,12 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
         notes.append(f"--adapt needs a shape chosen by --spec-config auto (this one: {choice.how}, {choice.reason}); "
                      "the shape stays fixed")
     budget = None
-    if spec.prune:
+    if spec.verify_budget:
         costs = choice.costs or cycle_costs(session, drafters[path], path, log)[0]
         shape = costs.shape_cost(replace(c, ngram=0))
         rest = (shape.draft_ms + shape.other_ms if shape is not None else 0.0) + costs.extend_ms(2)
         budget = VerifyBudget(costs.verify_ms, rest)
-        desc = desc[:-1] + ", pruned by gain)"
+        desc = desc[:-1] + ", verify budget)"
     decoder = Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt, runner=session.runner,
                             budget=budget)
     return Decoder(decoder, desc, path, c, choice, notes)

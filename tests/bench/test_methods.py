@@ -22,9 +22,9 @@ def test_eagle3_method_configs():
     assert method_spec_config("eagle3:steps=3,topk=1").num_draft_tokens == 4  # a chain verifies all of it
     assert method_decoder_spec("eagle3:drafter=random", "other").drafter == "random"
     assert method_decoder_spec("eagle3", "other").drafter == "other"
-    hybrid = method_decoder_spec("eagle3:steps=1,topk=1,ngram=6,prune=1")
-    assert (hybrid.ngram, hybrid.prune) == (6, True)
-    for bad, match in (("eagle3:ngram=x", "ngram must be a count"), ("eagle3:prune=2", "prune must be 0 or 1"),
+    hybrid = method_decoder_spec("eagle3:steps=1,topk=1,ngram=6,budget=1")
+    assert (hybrid.ngram, hybrid.verify_budget) == (6, True)
+    for bad, match in (("eagle3:ngram=x", "ngram must be a count"), ("eagle3:budget=2", "budget must be 0 or 1"),
                        ("eagle3:ngram=2,adapt=1", "use one of them")):
         with pytest.raises(ValueError, match=match):
             method_decoder_spec(bad)

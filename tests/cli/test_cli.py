@@ -52,7 +52,7 @@ def test_bad_sampling_args_are_clear_errors():
 
 @pytest.mark.parametrize("flags, named", [(["--num-steps", "3"], "--num-steps"),
                                           (["--topk", "2", "--adapt"], "--topk, --adapt"),
-                                          (["--ngram", "4", "--prune"], "--ngram, --prune")])
+                                          (["--ngram", "4", "--verify-budget"], "--ngram, --verify-budget")])
 def test_shape_flags_beside_no_spec_are_refused_not_ignored(flags, named):
     out = specdecode("generate", "hi", "--no-spec", *flags, check=False)
     assert out.returncode == 2 and f"so {named} would do nothing" in out.stderr

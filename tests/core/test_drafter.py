@@ -226,6 +226,9 @@ def test_aux_ids_that_disagree_between_engines_are_refused(saved, target):
     ({"num_hidden_layers": 2}, "num_hidden_layers is 2; this engine runs the one-layer"),
     ({"fc_norm": True}, "fc_norm=True: a SpecForge variant"),
     ({"norm_before_residual": True}, "norm_before_residual=True: a SpecForge variant"),
+    ({"norm_output": False}, "norm_output=False: a SpecForge head without the final norm"),
+    ({"speculators_model_type": "eagle3"}, "a speculators checkpoint .* does not read this one yet"),
+    ({"hidden_size": 32}, "the drafter's layer is 32 wide, the target 64"),
 ])
 def test_a_head_variant_this_engine_does_not_run_is_refused(saved, target, change, words):
     _, path = saved
