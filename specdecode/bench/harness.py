@@ -14,7 +14,7 @@ prompts, ``measure(bench)`` runs them and summarises; progress is reported throu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -179,7 +179,7 @@ def measure(bench: LocalBench, reference: tuple[str, list[dict]] | None = None,
     by_category = {cat: summarize([r for r in records if r["category"] == cat], specs) for cat in categories}
     meta = {"model": str(bench.session.loaded.source), "max_new_tokens": c.max_new_tokens, "runs": c.runs,
             "by_category": by_category,
-            "spec_configs": {m.name: asdict(cfg) for m in bench.methods
+            "spec_configs": {m.name: cfg.to_dict() for m in bench.methods
                              if (cfg := getattr(m, "spec_config", None)) is not None},
             "spec_choices": {m.name: choice.to_dict() for m in bench.methods
                              if (choice := getattr(m, "spec_choice", None)) is not None}}

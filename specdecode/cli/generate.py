@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         "kernels": session.kernels.summary(), "device": str(session.device), "compile": session.compile_reason,
         "graphs_loaded": len(session.compiled.loaded) if session.compiled else 0,
         "threads": session.threads, "load_s": load_s,
-        "spec_config": asdict(decoder.config) if decoder.config else None,
+        "spec_config": decoder.config.to_dict() if decoder.config else None,
         "spec_choice": decoder.choice.to_dict() if decoder.choice else None, "notes": decoder.notes}
     if args.launch_profile:
         from specdecode.bench.profiles import load_profile

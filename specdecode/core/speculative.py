@@ -97,6 +97,11 @@ class SpecConfig:
         """Target cache slots a verify writes past a row's tokens: its largest tree."""
         return self.max_tree
 
+    def to_dict(self) -> dict[str, int]:
+        """The shape as results record it (``ngram`` only when on, so records of shapes without it read as before)."""
+        out = {"num_steps": self.num_steps, "topk": self.topk, "num_draft_tokens": self.num_draft_tokens}
+        return out | ({"ngram": self.ngram} if self.ngram else {})
+
     @property
     def label(self) -> str:
         """steps/topk/draft tokens, and the n-gram proposal's tokens: ``1/1/2+ngram6``."""
