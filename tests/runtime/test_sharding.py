@@ -3,11 +3,13 @@ and without speculation; the all-reduce phase in the profile; comm-bench; tune o
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from specdecode.runtime.distributed import close_group
 from specdecode.runtime.sharding import apply_tensor_parallel, split_sizes
 from tests.helpers import run_specdecode, tiny_model
 
@@ -29,6 +31,21 @@ def _reference_run(model):
     return logits, greedy, spec_tokens
 
 
+def _done(out, rank):
+    Path(f"{out}.done{rank}").touch()
+
+
+def _spawn_two(worker, port, out):
+    """Two gloo ranks running ``worker``. gloo's teardown can abort a rank after both have finished their
+    work ("terminate called without an active exception", about 1 run in 14 on a 2-core Xeon even after a
+    barrier): that abort, after both ranks marked their work done, is not what these tests check."""
+    try:
+        mp.start_processes(worker, args=(2, port, str(out)), nprocs=2, join=True, start_method="spawn")
+    except mp.ProcessExitedException as e:
+        if e.signal_name != "SIGABRT" or not all(Path(f"{out}.done{r}").exists() for r in range(2)):
+            raise
+
+
 def _tp_worker(rank, world, port, out):
     import torch.distributed as dist
 
@@ -41,7 +58,8 @@ def _tp_worker(rank, world, port, out):
     logits, greedy, spec = _reference_run(model)
     if rank == 0:
         torch.save({"logits": logits, "greedy": greedy, "spec": spec, "calls": meter.calls}, out)
-    dist.destroy_process_group()
+    _done(out, rank)
+    close_group()
 
 
 def test_split_sizes():
@@ -56,7 +74,7 @@ def test_two_ranks_match_one_process(tmp_path):
     ref_logits, ref_greedy, ref_spec = _reference_run(
         tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97))
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_tp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    _spawn_two(_tp_worker, free_port(), out)
     got = torch.load(out)
     assert torch.allclose(got["logits"], ref_logits, atol=1e-10, rtol=0)
     assert got["greedy"] == ref_greedy and got["spec"] == ref_spec
@@ -167,7 +185,8 @@ def _mirror_worker(rank, world, port, out):
         torch.save(got, out)
     else:
         follow(engine)
-    dist.destroy_process_group()
+    _done(out, rank)
+    close_group()
 
 
 MIRROR_PROMPTS = [PROMPT, [9, 8, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
@@ -183,7 +202,7 @@ def test_served_batch_is_mirrored_on_every_rank(tmp_path):
     model = tiny_model(seed=3, dtype=torch.float64, num_heads=6, num_kv_heads=3, intermediate_size=97)
     ref = _serve_requests(_batch(model, random_drafter(model, 60, seed=1)), MIRROR_PROMPTS, sampled=set())
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_mirror_worker, args=(2, free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    _spawn_two(_mirror_worker, free_port(), out)
     got = torch.load(out)
     assert got[0] == ref[0] and len(got[0]) == 16
     assert got[1] == ref[1] and 0 < len(got[1]) < 16  # removed midway, on both ranks alike
