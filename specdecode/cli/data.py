@@ -91,7 +91,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def add_export_parser(commands: argparse._SubParsersAction) -> None:
-    from specdecode.training.export import EXPORT_FORMATS
+    from specdecode.training.export import CUT_ANSWERS, EXPORT_FORMATS
 
     p = commands.add_parser(
         "export", help="write a data set for another trainer (SpecForge's conversations JSONL)",
@@ -106,6 +106,10 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("train", "heldout", "all"), default="train", help="default: train")
     p.add_argument("--model", default=None,
                    help="the model whose tokenizer built the data (default: the manifest's, else SmolLM2's GGUF)")
+    p.add_argument("--cut-answers", choices=CUT_ANSWERS, default="keep",
+                   help="answers that stopped at the token limit (no end of turn; SpecForge trains one after "
+                        "every answer): keep them (default; counted), drop them, or mark them with "
+                        "\"answer_cut\": true")
     p.set_defaults(func=run_export)
 
 
@@ -123,8 +127,12 @@ def run_export(args: argparse.Namespace) -> int:
         notice(f"error: {e}")
         return 2
     summary = export_specforge(ds, tokenizer, Path(args.out), None if args.split == "all" else args.split,
-                               on_progress=lambda done, total: notice(f"exported {done}/{total} samples"))
-    print(json.dumps({"out": args.out, "split": args.split, **summary.as_dict()}))
+                               on_progress=lambda done, total: notice(f"exported {done}/{total} samples"),
+                               cut_answers=args.cut_answers)
+    if summary.cut_answers and args.cut_answers == "keep":
+        notice(f"note: {summary.cut_answers} answer(s) stopped at the token limit; SpecForge will train an end of "
+               "turn after each: --cut-answers drop leaves them out, --cut-answers mark flags them")
+    print(json.dumps({"out": args.out, "split": args.split, "cut_answers": args.cut_answers, **summary.as_dict()}))
     return 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.integrations.export import ENGINES
+from specdecode.integrations.export import ENGINES, FORMATS
 from specdecode.io.checkpoints import check_drafter_dir
 from specdecode.io.llamacpp import GGUF_OUTTYPES
 
@@ -17,10 +17,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
              "so one file serves every engine; or (--format gguf) as llama.cpp's EAGLE-3 GGUF for "
              "llama-server --spec-type draft-eagle3")
     p = sub.add_parser("export", help=SUBCOMMANDS["export"][1], description=about)
-    p.add_argument("--format", choices=(*ENGINES, "gguf"), required=True,
+    p.add_argument("--format", choices=(*FORMATS, "gguf"), required=True,
                    help="the engine it is for: sglang and vllm get the same directory (it carries both engines' "
-                        "lists); gguf: one file for llama.cpp (target layers, q/k in GGML's RoPE layout, absolute "
-                        "d2t, the target GGUF's tokenizer)")
+                        "lists; a variant head is written as speculators); speculators: vLLM's speculators layout "
+                        "(RedHat's checkpoints); gguf: one file for llama.cpp (target layers, q/k in GGML's RoPE "
+                        "layout, absolute d2t, the target GGUF's tokenizer)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     p.add_argument("--out", required=True,
                    help="output directory (config.json + model.safetensors), or the .gguf file for --format gguf")
@@ -54,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
               "--spec-type draft-eagle3")
         return 0
     info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention)
+    taps = info["taps_entering_layers"]
+    if info["layout"] == "speculators":
+        variant = f", variant {'+'.join(info['variant'])}" if info["variant"] else ""
+        print(f"wrote {info['out']} in vLLM's speculators layout{variant}: top-level ids {taps} (vLLM's numbering): "
+              f"the hidden states entering target layers {taps}; serve it with vLLM")
+        return 0
     print(f"wrote {info['out']} for {info['format']}: eagle_config ids {info['aux_ids']} (SGLang's numbering) and "
-          f"top-level ids {info['taps_entering_layers']} (vLLM's): the hidden states entering target layers "
-          f"{info['taps_entering_layers']}")
+          f"top-level ids {taps} (vLLM's): the hidden states entering target layers {taps}")
     return 0

@@ -18,7 +18,7 @@ LOG_EVERY = 50  # steps per progress line where stderr is not a terminal
 INT_FIELDS = ("draft_vocab_size", "ttt_steps", "max_len", "batch_tokens", "max_steps", "seed", "limit_samples",
               "skip_samples", "eval_every", "save_every", "eval_samples", "patience", "align_topk")
 FLOAT_FIELDS = ("epochs", "lr", "warmup_ratio", "weight_decay", "grad_clip", "step_weight", "min_lr_ratio",
-                "fc_lr_scale", "feature_noise", "min_delta")
+                "fc_lr_scale", "feature_noise", "min_delta", "tv_weight")
 
 FIELD_HELP = {
     "patience": "stop once this many held-out evaluations in a row have not raised the best accept length by "
@@ -48,6 +48,9 @@ FIELD_HELP = {
     "step_weight": "loss weight of draft step j is STEP_WEIGHT ** j",
     "min_lr_ratio": "the cosine decay ends at this share of --lr",
     "fc_lr_scale": "learning-rate factor of fc (it multiplies the target's large activations)",
+    "tv_weight": "DSpark's acceptance loss: each draft step's loss is (1 - W) x cross-entropy + W x the total "
+                 "variation between the target's and the draft's distributions (DSpark: 0.9; 0, the default: "
+                 "cross-entropy alone, as EAGLE-3)",
     "feature_noise": "gaussian noise on each target tap, its std relative to the tap's RMS (0: none)",
 }
 
@@ -94,12 +97,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also evaluate on these data sets' held-out answers at every evaluation, reported beside "
                         "--data's (the best checkpoint is still chosen on --data's), e.g. "
                         "datasets/smollm2-135m-unseen-v1: prompts from outside the training corpus")
+    p.add_argument("--variant", default="", metavar="FLAGS",
+                   help="a variant of the head, comma-separated flags by their checkpoint names: fc_norm (an RMSNorm "
+                        "on each tap before fc) and norm_output (later steps read the normed output) are EAGLE-3.1; "
+                        "norm_before_fc, norm_before_residual. The drafter is then written in vLLM's speculators "
+                        "layout. With --init-from, the new norms start at each tap's typical scale")
     p.set_defaults(func=run)
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
     fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__ if hasattr(args, k)}
-    return TrainConfig(**fields | {"init_from_target": not args.random_init, "eval_data": tuple(args.eval_data)})
+    variant = tuple(v.strip() for v in args.variant.split(",") if v.strip())
+    return TrainConfig(**fields | {"init_from_target": not args.random_init, "eval_data": tuple(args.eval_data),
+                                   "variant": variant})
 
 
 class TrainDisplay:

@@ -7,13 +7,18 @@ mapped back to target ids by ``d2t`` (``target_id = i + d2t[i]``); ``t2d`` marks
 target ids are in the draft vocabulary. Later draft steps feed the draft's own output
 hidden state back (H wide, no ``fc``). The token embedding is the target's, shared.
 ``aux_layer_ids`` are the target layers whose *input* hidden states are fused.
+
+Variants (``DrafterConfig``'s flags, as SpecForge and vLLM's speculators name them): an RMSNorm
+on each tap before ``fc`` (``fc_norm``, EAGLE-3.1) or on their concatenation (``norm_before_fc``),
+the layer's residual taken after ``hidden_norm`` (``norm_before_residual``), and later steps fed
+the normed output instead of the raw one (``feed_normed``, speculators' ``norm_output``, EAGLE-3.1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +35,21 @@ class DrafterConfig:
     draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...]  # target layers whose *input* hidden states are fused
+    fc_norm: bool = False  # an RMSNorm on each tap before fc (fc_norm.{i}: EAGLE-3.1)
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated taps before fc (input_norm)
+    norm_before_residual: bool = False  # the layer's residual is hidden_norm(hidden), not hidden
+    feed_normed: bool = False  # later steps read norm(h), not h (speculators' norm_output: EAGLE-3.1)
+
+    def __post_init__(self) -> None:
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("fc_norm and norm_before_fc both normalize fc's input: choose one")
+
+    @property
+    def variant(self) -> tuple[str, ...]:
+        """The flags set, by their checkpoint names (empty: EAGLE-3 as published)."""
+        names = {"fc_norm": self.fc_norm, "norm_before_fc": self.norm_before_fc,
+                 "norm_before_residual": self.norm_before_residual, "norm_output": self.feed_normed}
+        return tuple(k for k, v in names.items() if v)
 
     @property
     def vocab_size(self) -> int:
@@ -62,7 +82,11 @@ class Eagle3Drafter(nn.Module):
         super().__init__()
         self.config = config
         c = config.layer
-        self.fc = Linear(len(config.aux_layer_ids) * config.target_hidden_size, c.hidden_size, bias=False)
+        n_aux, width = len(config.aux_layer_ids), config.target_hidden_size
+        self.fc = Linear(n_aux * width, c.hidden_size, bias=False)
+        self.fc_norm = (nn.ModuleList(RMSNorm(width, c.rms_norm_eps) for _ in range(n_aux))
+                        if config.fc_norm else None)
+        self.input_norm = RMSNorm(n_aux * width, c.rms_norm_eps) if config.norm_before_fc else None
         self.midlayer = DraftLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = Linear(c.hidden_size, config.draft_vocab_size, bias=False)
@@ -111,36 +135,78 @@ class Eagle3Drafter(nn.Module):
         """The draft layer and head; with tensor ``start`` (slots) and a [B, 1, T, S] mask, a static-shape
         step (as ``Transformer.step``)."""
         if hidden.shape[-1] != self.config.hidden_size:
-            hidden = self.fc(hidden)
-        layer = self.midlayer
-        x = torch.cat((layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(hidden)), dim=-1)
+            hidden = self.fuse(hidden)
+        x, residual = self.layer_input(self.embed_tokens(tokens), hidden)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
-        h = hidden + layer.self_attn(x, cos, sin, ks[0], vs[0], start, mask)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(self.norm(h)), h
+        h = self.layer_output(residual, self.midlayer.self_attn(x, cos, sin, ks[0], vs[0], start, mask))
+        return self.head(h), self.feedback(h)
+
+    # The layer's arithmetic around its attention, shared with training (training.ttt.ttt_forward)
+
+    def fuse(self, taps: Tensor) -> Tensor:
+        """The target's concatenated taps [.., n_aux*H_t] -> the first step's hidden state [.., H]."""
+        if self.input_norm is not None:
+            taps = self.input_norm(taps)
+        if self.fc_norm is not None:
+            chunks = taps.chunk(len(self.fc_norm), -1)
+            taps = torch.cat([norm(t) for norm, t in zip(self.fc_norm, chunks, strict=True)], -1)
+        return self.fc(taps)
+
+    def layer_input(self, embedding: Tensor, hidden: Tensor) -> tuple[Tensor, Tensor]:
+        """(the attention's 2H input, the residual the attention's output is added to)."""
+        m = self.midlayer
+        normed = m.hidden_norm(hidden)
+        return (torch.cat((m.input_layernorm(embedding), normed), dim=-1),
+                normed if self.config.norm_before_residual else hidden)
+
+    def layer_output(self, residual: Tensor, attention: Tensor) -> Tensor:
+        h = residual + attention
+        return h + self.midlayer.mlp(self.midlayer.post_attention_layernorm(h))
+
+    def head(self, h: Tensor) -> Tensor:
+        """Draft-vocabulary logits of the layer's output ``h``."""
+        return self.lm_head(self.norm(h))
+
+    def feedback(self, h: Tensor) -> Tensor:
+        """What the next draft step reads in place of the target's taps."""
+        return self.norm(h) if self.config.feed_normed else h
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
         __call__ = forward
 
 
-# ---------------------------------------------------------------- checkpoint I/O
+VARIANT_FLAGS = {"fc_norm": "fc_norm", "norm_before_fc": "norm_before_fc",
+                 "norm_before_residual": "norm_before_residual", "norm_output": "feed_normed"}
+
+
+def with_variant(config: DrafterConfig, variant: Sequence[str]) -> DrafterConfig:
+    """``config`` with the flags ``variant`` names (checkpoint names, see ``DrafterConfig.variant``) set."""
+    unknown = [v for v in variant if v not in VARIANT_FLAGS]
+    if unknown:
+        raise ValueError(f"unknown drafter variant(s) {unknown}; known: {', '.join(VARIANT_FLAGS)}")
+    flags: dict[str, Any] = {VARIANT_FLAGS[v]: True for v in variant}
+    return replace(config, **flags)
+
+
+# ---------------------------------------------------------------- construction
 
 def random_drafter(target: Transformer, draft_vocab_size: int | None = None, seed: int = 0,
-                   init_std: float = 0.02) -> Eagle3Drafter:
+                   init_std: float = 0.02, variant: Sequence[str] = ()) -> Eagle3Drafter:
     """An untrained drafter wired to ``target`` (tests, profiling before training).
-    The draft vocabulary is the first ``draft_vocab_size`` target ids."""
+    The draft vocabulary is the first ``draft_vocab_size`` target ids; ``variant`` names
+    ``DrafterConfig``'s flags to set, by their checkpoint names (``DrafterConfig.variant``)."""
     t = target.config
     vd = draft_vocab_size or t.vocab_size
     layer = ModelConfig(vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
                         num_layers=1, num_heads=t.num_heads, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
                         rope_theta=t.rope_theta, rope_scaling=t.rope_scaling, rms_norm_eps=t.rms_norm_eps,
                         max_position_embeddings=t.max_position_embeddings)
-    config = DrafterConfig(layer, vd, t.hidden_size, default_aux_layer_ids(t))
+    config = with_variant(DrafterConfig(layer, vd, t.hidden_size, default_aux_layer_ids(t)), variant)
     drafter = Eagle3Drafter(config, target.embed_tokens)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.startswith("fc_norm."):
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * init_std)

@@ -6,28 +6,36 @@ differ on ``eagle_aux_hidden_state_layer_ids``: SGLang and SpecForge read ``eagl
 and add 1 (id = output of layer id), vLLM reads a top-level list first (id = input of layer id).
 Every file we write carries both, naming the same layers, so it needs no per-engine copy; export
 turns a drafter from elsewhere (one list, in either place) into such a file, checked against the
-target. ``launch`` exports only a drafter that lacks the list its engine reads.
+target. ``launch`` exports only a drafter that lacks the list its engine reads, and for vLLM
+without loading the target (``vllm_copy``: its config says which layers, the files are copied).
+``--format speculators`` writes vLLM's speculators layout (RedHat's), which variants need.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
-from specdecode.io.checkpoints import CONVENTION_KEY, Convention, load_drafter, save_drafter
+from specdecode.io.checkpoints import AUX_IDS_KEY, CONVENTION_KEY, Convention, load_drafter, read_drafter, save_drafter
+from specdecode.io.hf import config_from_hf, read_config_json
 from specdecode.io.loading import load_model
-from specdecode.io.paths import default_drafter_path
+from specdecode.io.paths import cache_root, default_drafter_path, dir_digest, model_name, share_readable
 
 ENGINES = ("sglang", "vllm")
+FORMATS = (*ENGINES, "speculators")  # what export writes: the engines' shared layout, or vLLM's speculators one
+VLLM_COPY_VERSION = "vllm-copy-1"  # bump when what vllm_copy writes changes
 
 
-def export_drafter(model: str | None, drafter: str | Path | None, fmt: Convention, out: str | Path,
+def export_drafter(model: str | None, drafter: str | Path | None, fmt: str, out: str | Path,
                    source_convention: Convention | None = None) -> dict:
-    """Write ``drafter`` (validated against the target) in engine ``fmt``'s convention; the
-    taps entering target layers stay the same. Returns what was written."""
+    """Write ``drafter`` (validated against the target) for ``fmt`` (``FORMATS``); the taps entering
+    target layers stay the same. Returns what was written."""
     import torch
 
-
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     path = drafter or default_drafter_path()
     if path is None:
         raise ValueError("no drafter given and no shipped drafter for this model: pass --drafter DIR")
@@ -35,11 +43,46 @@ def export_drafter(model: str | None, drafter: str | Path | None, fmt: Conventio
     head = load_drafter(path, loaded.model, convention=source_convention)
     src_cfg = json.loads((Path(path) / "config.json").read_text())
     dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(src_cfg.get("torch_dtype"), "float32")
-    save_drafter(head, out, dtype=getattr(torch, dtype))  # the same file for every engine (see the module doc)
+    # sglang and vllm: the same file for every engine (see the module doc); a variant goes in speculators' layout
+    save_drafter(head, out, dtype=getattr(torch, dtype), layout="speculators" if fmt == "speculators" else None,
+                 verifier=model_name(model))
     written = json.loads((Path(out) / "config.json").read_text())
-    return {"source": str(path), "out": str(out), "format": fmt,
-            "aux_ids": written["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
-            "taps_entering_layers": list(head.config.aux_layer_ids)}
+    nested = (written.get("eagle_config") or {}).get(AUX_IDS_KEY)
+    return {"source": str(path), "out": str(out), "format": fmt, "layout": "eagle_config" if nested else "speculators",
+            "aux_ids": nested if nested else written[AUX_IDS_KEY],
+            "taps_entering_layers": list(head.config.aux_layer_ids), "variant": list(head.config.variant)}
+
+
+def vllm_copy(drafter_dir: str | Path, model_dir: Path, dry_run: bool = False) -> tuple[Path, str]:
+    """A drafter without vLLM's top-level id list, as a copy that has it (cached under a digest of its
+    files: a changed drafter is copied again). The ids come from its config, checked with its tensors
+    against the target's config.json; the target's weights are not loaded, the tensors are copied
+    as they are. Returns the copy and what happened, in words."""
+    out = cache_root() / "exports" / f"{Path(drafter_dir).name}-vllm-{dir_digest(drafter_dir, VLLM_COPY_VERSION)}"
+    if (out / "config.json").is_file():
+        return out, f"the drafter's copy with vLLM's top-level {AUX_IDS_KEY}, written before: {out}"
+    if dry_run:
+        return out, f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): would write a copy with both lists to {out}"
+    target = config_from_hf(read_config_json(model_dir), model_dir)  # a clear error where it cannot be read
+    config, _ = read_drafter(drafter_dir, target)
+    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
+    taps = list(config.aux_layer_ids)
+    cfg[AUX_IDS_KEY] = taps  # vLLM: id = input of layer id
+    cfg["eagle_config"] = dict(cfg.get("eagle_config") or {}) | {
+        AUX_IDS_KEY: [i - 1 for i in taps], CONVENTION_KEY: "sglang", "use_aux_hidden_state": True}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".vllm-", dir=out.parent))
+    try:
+        for f in Path(drafter_dir).glob("*.safetensors"):
+            shutil.copyfile(f, tmp / f.name)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        share_readable(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out, (f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): wrote a copy with both lists, taps entering "
+                 f"layers {taps}, to {out}")
 
 
 def read_drafter_config(drafter_dir: str | Path) -> dict:

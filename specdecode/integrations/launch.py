@@ -21,11 +21,11 @@ from specdecode.bench.fingerprint import capture, redact_argv
 from specdecode.bench.profiles import LaunchProfile, load_profile
 from specdecode.bench.store import ResultsStore, Run, new_run_id
 from specdecode.core.speculative import SpecConfig
-from specdecode.integrations.export import ENGINES, export_drafter, read_drafter_config, recorded_convention
+from specdecode.integrations.export import ENGINES, read_drafter_config, recorded_convention, vllm_copy
 from specdecode.io.checkpoints import AUX_IDS_KEY
 from specdecode.io.llamacpp import drafter_gguf, find_llama_server, llama_spec_args
 from specdecode.io.loading import model_head_counts, resolve_model_dir
-from specdecode.io.paths import cache_root, shipped_drafter_for
+from specdecode.io.paths import shipped_drafter_for
 
 LAUNCH_ENGINES = (*ENGINES, "llamacpp")
 CHAIN_ENGINES = ("vllm", "llamacpp")  # engines whose EAGLE-3 drafts a chain only
@@ -167,6 +167,11 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
                          "or `--dry-run` prints the command (and environment) to run where it is")
     source, model_dir = resolve_model_dir(cfg.model, convert=not cfg.dry_run)  # a dry run converts nothing
     warnings = []
+    notes = []
+    if cfg.dry_run and not model_dir.exists():
+        notes.append(f"{model_dir} does not exist yet: the GGUF is converted there (an HF directory for "
+                     f"{cfg.engine}) by the first launch without --dry-run, or by any specdecode command that loads "
+                     "the model, e.g. `specdecode generate 'Hi' --max-new-tokens 1`")
     heads = tp_divisibility(*model_head_counts(source, model_dir), cfg.tp)
     if heads:
         warnings.append(f"{heads}; {cfg.engine} will refuse --tp {cfg.tp}")
@@ -174,18 +179,11 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     drafter = str(found) if found else None
     if drafter and not Path(drafter).is_dir():
         raise FileNotFoundError(f"drafter directory {drafter} not found")
-    notes = []
     if drafter and cfg.engine == "vllm" and not read_drafter_config(drafter).get(AUX_IDS_KEY):
-        # vLLM would read eagle_config's SGLang-convention ids one layer early: write the top-level list too
-        target = cache_root() / "exports" / (Path(drafter).name + "-vllm")
-        if cfg.dry_run:
-            notes.append(f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): would export a copy with both "
-                         f"lists to {target}")
-        else:
-            export_drafter(cfg.model, drafter, "vllm", target)
-            notes.append(f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): exported a copy with both "
-                         f"lists to {target}")
-        drafter = str(target)
+        # vLLM would read eagle_config's SGLang-convention ids one layer early: a copy with the top-level list too
+        copy, note = vllm_copy(drafter, model_dir, cfg.dry_run)
+        notes.append(note)
+        drafter = str(copy)
     if drafter and cfg.engine == "sglang" and recorded_convention(drafter) == "vllm":
         warnings.append(f"{drafter}: its eagle_config ids are in vLLM's numbering (an export --format vllm of an "
                         "earlier version): SGLang adds 1 and would tap every layer one later, silently; re-export "

@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
 
 from specdecode.core.drafter import DrafterConfig, Eagle3Drafter, default_aux_layer_ids
-from specdecode.core.model import ModelConfig, Transformer
+from specdecode.core.model import ModelConfig, RMSNorm, Transformer
 from specdecode.io.errors import DrafterMismatchError
 from specdecode.io.hf import read_config_json, read_safetensors
 from specdecode.io.paths import share_readable
@@ -74,8 +74,57 @@ def config_to_hf(config: DrafterConfig) -> dict[str, Any]:
     }
 
 
-# SpecForge/speculators options that change the head's arithmetic; ours has none of them (true = refused)
-UNSUPPORTED_VARIANT_KEYS = ("fc_norm", "norm_before_fc", "norm_before_residual")
+SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
+Layout = Literal["sglang", "speculators"]
+
+
+def layout_for(config: DrafterConfig) -> Layout:
+    """The layout a drafter is written in: SGLang's (every engine reads it) for EAGLE-3 as published;
+    vLLM's speculators layout for a variant (``DrafterConfig.variant``), which names each flag where
+    vLLM and speculators read it. SGLang's layout has no key for post-norm feedback, and a variant
+    written there would run as plain EAGLE-3 in an engine that ignores the key, silently."""
+    return "speculators" if config.variant else "sglang"
+
+
+def config_to_speculators(config: DrafterConfig, verifier: str, draft_tokens: int = 3) -> dict[str, Any]:
+    """config.json in vLLM's speculators layout (``speculators_model_type: eagle3``): the layer's sizes
+    under ``transformer_layer_config``, the variant flags and the aux ids at the top level (the ids
+    in vLLM's numbering: id = input of layer id), ``speculators_config`` naming the verifier."""
+    c = config.layer
+    layer = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": 1,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
+        "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+    }
+    return {
+        "architectures": [SPECULATORS_ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.7.0",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": draft_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        AUX_IDS_KEY: list(config.aux_layer_ids),
+        "fc_norm": config.fc_norm,
+        "norm_before_fc": config.norm_before_fc,
+        "norm_before_residual": config.norm_before_residual,
+        "norm_output": config.feed_normed,
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+    }
+
+
+def is_speculators(cfg: dict[str, Any]) -> bool:
+    return "speculators_model_type" in cfg or "transformer_layer_config" in cfg
 
 
 def check_architecture(cfg: dict[str, Any], source: str) -> None:
@@ -89,31 +138,71 @@ def check_architecture(cfg: dict[str, Any], source: str) -> None:
 
 def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "config.json",
                    convention: Convention | None = None) -> DrafterConfig:
+    """A drafter's config.json in either layout (SGLang/SpecForge's or vLLM's speculators) -> its config,
+    the aux ids resolved to the target layers they tap and every variant flag read where that layout
+    keeps it; what this engine cannot run is refused, saying what it is."""
     check_architecture(cfg, source)
-    if "speculators_model_type" in cfg or "transformer_layer_config" in cfg:
+    speculators = is_speculators(cfg)
+    if speculators:  # vLLM's layout: the ids at the top level, in vLLM's numbering
+        layer_cfg = _speculators_layer(cfg, source)
+        ids = cfg.get(AUX_IDS_KEY)
+        aux = (resolve_aux_layer_ids({AUX_IDS_KEY: ids, CONVENTION_KEY: "vllm"}, target, source, None) if ids
+               else default_aux_layer_ids(target))
+    else:
+        if cfg.get("norm_output", True) is False:
+            raise DrafterMismatchError(
+                f"{source}: norm_output=False: a SpecForge head without the final norm before its lm_head; this "
+                "engine applies that norm (it would decode wrongly): train with the norm, or use SpecForge's engine")
+        layer_cfg = cfg
+        aux = resolve_all_aux_ids(cfg, target, source, convention)
+    layer = _layer_config(layer_cfg, target, source)
+    flags = {k: bool(cfg.get(k)) for k in ("fc_norm", "norm_before_fc", "norm_before_residual")}
+    # speculators' norm_output is post-norm feedback (EAGLE-3.1); SpecForge's is the final norm, checked above
+    flags["feed_normed"] = speculators and bool(cfg.get("norm_output"))
+    return _drafter_config(layer, int(cfg.get("draft_vocab_size") or layer.vocab_size),
+                           int(cfg.get("target_hidden_size") or layer.hidden_size), aux, flags, source)
+
+
+def _speculators_layer(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """The layer's config in vLLM's speculators layout (RedHat's checkpoints), refused where this engine
+    cannot run it or where engines would read the file differently."""
+    kind = cfg.get("speculators_model_type")
+    if kind != "eagle3":
+        raise DrafterMismatchError(f"{source}: speculators_model_type is {kind!r}; this engine runs 'eagle3'")
+    layer_cfg = cfg.get("transformer_layer_config")
+    if not isinstance(layer_cfg, dict):
+        raise DrafterMismatchError(f"{source}: a speculators checkpoint without a transformer_layer_config "
+                                   "object (the draft layer's sizes): the file is incomplete")
+    if layer_cfg.get("model_type", "llama") != "llama":
         raise DrafterMismatchError(
-            f"{source}: a speculators checkpoint (vLLM/RedHat layout, speculators_model_type="
-            f"{cfg.get('speculators_model_type')!r}: the layer's sizes under transformer_layer_config); this engine "
-            "reads the SGLang/SpecForge layout (LlamaForCausalLMEagle3, sizes at the top level) and does not read "
-            "this one yet: load it in vLLM, or export the head in SGLang's layout")
-    if cfg.get("norm_output", True) is False:
+            f"{source}: the draft layer is a {layer_cfg.get('model_type')!r} layer; this engine runs a Llama layer "
+            "(a Qwen3-style layer adds q/k norms it does not compute): serve this drafter with vLLM")
+    if "norm_before_residual" not in cfg:
         raise DrafterMismatchError(
-            f"{source}: norm_output=False: a SpecForge head without the final norm before its lm_head; this "
-            "engine applies that norm (it would decode wrongly): train with the norm, or use SpecForge's engine")
+            f"{source}: norm_before_residual is absent: vLLM reads that as true, speculators as false, and the two "
+            "compute different heads; add \"norm_before_residual\": true or false to config.json, as trained")
+    return layer_cfg
+
+
+def _drafter_config(layer: ModelConfig, draft_vocab: int, target_hidden: int, aux: tuple[int, ...],
+                    flags: dict[str, bool], source: str) -> DrafterConfig:
+    try:
+        return DrafterConfig(layer, draft_vocab, target_hidden, aux, **flags)
+    except ValueError as e:
+        raise DrafterMismatchError(f"{source}: {e}") from None
+
+
+def _layer_config(cfg: dict[str, Any], target: ModelConfig, source: str) -> ModelConfig:
+    """The one decoder layer's sizes from a config dict (the top level, or speculators' layer config)."""
     layers = int(cfg.get("num_hidden_layers") or 1)
     if layers != 1:
         raise DrafterMismatchError(f"{source}: num_hidden_layers is {layers}; this engine runs the one-layer "
                                    "EAGLE-3 head (multi-layer drafters are not supported)")
-    variants = [k for k in UNSUPPORTED_VARIANT_KEYS if cfg.get(k)]
-    if variants:
-        raise DrafterMismatchError(f"{source}: {', '.join(f'{k}={cfg[k]!r}' for k in variants)}: a SpecForge "
-                                   "variant of the head this engine does not run (it would decode wrongly); "
-                                   "train without it, or use an engine that implements it")
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         rope = dict(cfg.get("rope_parameters") or {})
-        layer = ModelConfig(
+        return ModelConfig(
             vocab_size=int(cfg.get("vocab_size", target.vocab_size)),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
@@ -128,10 +217,6 @@ def config_from_hf(cfg: dict[str, Any], target: ModelConfig, source: str = "conf
         )
     except KeyError as e:
         raise DrafterMismatchError(f"{source}: missing required field {e.args[0]!r}") from None
-    draft_vocab = int(cfg.get("draft_vocab_size") or layer.vocab_size)
-    target_hidden = int(cfg.get("target_hidden_size") or hidden)
-    aux = resolve_all_aux_ids(cfg, target, source, convention)
-    return DrafterConfig(layer, draft_vocab, target_hidden, aux)
 
 
 def resolve_all_aux_ids(cfg: dict[str, Any], target: ModelConfig, source: str,
@@ -201,24 +286,44 @@ def checkpoint_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
         "midlayer.post_attention_layernorm.weight": m.post_attention_layernorm.weight,
         "norm.weight": drafter.norm.weight, "lm_head.weight": drafter.lm_head.weight,
         "d2t": drafter.d2t, "t2d": drafter.t2d,
-    }
+    } | _variant_state(drafter)
+
+
+def _variant_state(drafter: Eagle3Drafter) -> dict[str, Tensor]:
+    """The tensors a variant adds, under the names SpecForge and speculators give them."""
+    state: dict[str, Tensor] = {}
+    if drafter.fc_norm is not None:
+        state |= {f"fc_norm.{i}.weight": cast(RMSNorm, n).weight for i, n in enumerate(drafter.fc_norm)}
+    if drafter.input_norm is not None:
+        state["input_norm.weight"] = drafter.input_norm.weight
+    return state
 
 
 def save_drafter(drafter: Eagle3Drafter, path: str | Path, dtype: torch.dtype | None = None,
-                 extra_config: dict[str, Any] | None = None) -> None:
+                 extra_config: dict[str, Any] | None = None, layout: Layout | None = None,
+                 verifier: str = "unknown") -> None:
+    """config.json + model.safetensors in ``layout`` (default: ``layout_for`` the drafter); ``verifier``
+    names the target in the speculators layout (vLLM requires the field)."""
     from safetensors.torch import save_file
 
     path = Path(path)
+    layout = layout or layout_for(drafter.config)
+    if layout == "sglang" and drafter.config.variant:
+        raise DrafterMismatchError(
+            f"this drafter is a variant ({', '.join(drafter.config.variant)}) that SGLang's layout cannot say; "
+            "write it in the speculators layout (export --format speculators), which vLLM reads")
     path.mkdir(parents=True, exist_ok=True)
     state: dict[str, Tensor] = {}
     for k, v in checkpoint_state(drafter).items():
+        if layout == "speculators" and k.startswith("midlayer."):
+            k = "layers.0." + k.removeprefix("midlayer.")
         v = v.detach()
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)
         state[k] = v.contiguous().cpu()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     share_readable(path / "model.safetensors")
-    cfg = config_to_hf(drafter.config)
+    cfg = config_to_hf(drafter.config) if layout == "sglang" else config_to_speculators(drafter.config, verifier)
     cfg["torch_dtype"] = str(dtype or drafter.dtype).removeprefix("torch.")
     cfg.update(extra_config or {})
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -269,6 +374,10 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
         "d2t": (config.draft_vocab_size,),
         "t2d": (target.vocab_size,),
     }
+    if config.fc_norm:
+        expected |= {f"fc_norm.{i}.weight": (target.hidden_size,) for i in range(n_aux)}
+    if config.norm_before_fc:
+        expected["input_norm.weight"] = (n_aux * target.hidden_size,)
     missing = [k for k in expected if k not in state]
     if missing:
         raise DrafterMismatchError(f"{source}: missing tensors {missing} (is this an EAGLE-3 checkpoint?)")
@@ -276,7 +385,7 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
     if unknown:  # a tensor this head has no place for changes what the checkpoint computes: refuse, never drop
         raise DrafterMismatchError(f"{source}: tensors this EAGLE-3 head does not have: {unknown[:8]}"
                                    f"{' ...' if len(unknown) > 8 else ''} (a variant this engine does not run, e.g. "
-                                   "SpecForge's fc_norm or a second decoder layer)")
+                                   "a second decoder layer, or a norm its config.json does not switch on)")
     for k, shape in expected.items():
         if tuple(state[k].shape) != shape:
             hint = ""
@@ -304,6 +413,31 @@ def validate_state(state: dict[str, Tensor], config: DrafterConfig, target: Mode
             "disagree: t2d must be True exactly at the target ids d2t produces")
 
 
+EMBEDDING_TOLERANCE = 0.25  # relative RMS difference: a 4-bit target's dequantized table is within ~0.1 of bf16
+
+
+def check_embedding(embedding: Tensor | None, target: Transformer, source: str) -> None:
+    """A checkpoint may carry the embedding (speculators saves the target's, frozen): this engine feeds
+    the draft layer the target's own, so one that differs (a head trained with its own, or for another
+    model) is refused instead of drafting from the wrong table."""
+    if embedding is None:
+        return
+    own = target.embed_tokens.weight
+    if tuple(embedding.shape) != tuple(own.shape):
+        raise DrafterMismatchError(
+            f"{source}: embed_tokens.weight has shape {tuple(embedding.shape)}, the target's embedding "
+            f"{tuple(own.shape)}: this head has its own embedding (or belongs to another model); this engine "
+            "runs heads that share their target's")
+    a, b = embedding.detach().float().cpu(), own.detach().float().cpu()
+    diff = float((a - b).norm() / b.norm().clamp_min(1e-12))
+    if diff > EMBEDDING_TOLERANCE:
+        raise DrafterMismatchError(
+            f"{source}: embed_tokens.weight differs from the target's embedding (relative RMS difference "
+            f"{diff:.2f}, more than rounding's {EMBEDDING_TOLERANCE}): the head was trained with its own "
+            "embedding (embed_requires_grad) or for another model; this engine feeds it the target's, which "
+            "would draft wrongly. Retrain with the embedding frozen, or serve it with vLLM")
+
+
 def check_drafter_dir(path: str | Path) -> Path:
     """A drafter directory holds config.json and *.safetensors; refused otherwise, before anything
     loads (a command checks its --drafter before the target model, seconds earlier)."""
@@ -322,14 +456,29 @@ def check_drafter_dir(path: str | Path) -> Path:
     return path
 
 
-def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
+def read_drafter(path: str | Path, target: ModelConfig, convention: Convention | None = None,
+                 ) -> tuple[DrafterConfig, dict[str, Tensor]]:
+    """A drafter directory's config and tensors (our names), checked against the target's config: every
+    check but the embedding's, which needs the target's weights (``check_embedding``)."""
     path = check_drafter_dir(path)
     cfg = read_config_json(path, DrafterMismatchError, "an EAGLE-3 drafter")
-    config = config_from_hf(cfg, target.config, str(path / "config.json"), convention)
+    config = config_from_hf(cfg, target, str(path / "config.json"), convention)
     state = {_normalize_key(k): v for k, v in read_safetensors(path, DrafterMismatchError).items()}
-    state.pop("embed_tokens.weight", None)  # some exports include the (target's) embedding
-    validate_state(state, config, target.config, str(path))
+    if "d2t" not in state and "t2d" not in state and config.draft_vocab_size == target.vocab_size:
+        # speculators leaves both out when the draft vocabulary is the target's
+        state |= {"d2t": torch.zeros(config.draft_vocab_size, dtype=torch.long),
+                  "t2d": torch.ones(target.vocab_size, dtype=torch.bool)}
+    embedding = state.pop("embed_tokens.weight", None)
+    validate_state(state, config, target, str(path))
+    if embedding is not None:
+        state["embed_tokens.weight"] = embedding
+    return config, state
+
+
+def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None, convention: Convention | None = None) -> Eagle3Drafter:
+    config, state = read_drafter(path, target.config, convention)
+    check_embedding(state.pop("embed_tokens.weight", None), target, str(path))
 
     fused = {
         "fc.weight": state["fc.weight"],
@@ -343,7 +492,7 @@ def load_drafter(path: str | Path, target: Transformer, dtype: torch.dtype | Non
         "midlayer.post_attention_layernorm.weight": state["midlayer.post_attention_layernorm.weight"],
         "norm.weight": state["norm.weight"], "lm_head.weight": state["lm_head.weight"],
         "d2t": state["d2t"].long(), "t2d": state["t2d"].bool(),
-    }
+    } | {k: v for k, v in state.items() if k.startswith(("fc_norm.", "input_norm."))}
     drafter = Eagle3Drafter(config, target.embed_tokens)
     drafter.load_state_dict(fused, strict=True)
     return drafter.to(device=device or target.device, dtype=dtype or target.dtype).eval().requires_grad_(False)

@@ -225,7 +225,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
             continue  # e.g. rope_freqs: not used by this architecture
         tensors[name] = data.contiguous()
 
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"source": str(gguf_path)})
+    # "format": "pt" is what transformers 4.x requires of a safetensors file; the source by name only (the
+    # directory moves between machines, a local path says nothing there)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
     share_readable(out_dir / "model.safetensors")
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
@@ -241,7 +243,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tok_cfg.write_text(json.dumps(tok_json, indent=2))
 
 
-CONVERSION = "c2"  # bump when what convert_gguf writes changes (c2: torch_dtype, a transformers-4 tokenizer class)
+CONVERSION = "c3"  # bump when what convert_gguf writes changes (c2: torch_dtype, a transformers-4 tokenizer class;
+# c3: safetensors' format tag, no local path)
 
 
 def gguf_cache_path(gguf_path: Path) -> Path:
@@ -271,6 +274,9 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
             tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    for old in out.parent.glob(out.name.rsplit("-", 1)[0] + "-c*"):  # this GGUF's earlier conversions
+        if old != out and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -17,6 +17,7 @@ The layout, as llama.cpp reads it (``src/models/eagle3.cpp``; its own converter 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -25,12 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from specdecode.core.attention import rope_inv_freq
 from specdecode.core.drafter import Eagle3Drafter
+from specdecode.core.model import ModelConfig
 from specdecode.io.checkpoints import checkpoint_state, load_drafter
 from specdecode.io.gguf import open_gguf, permute_rope_rows
 from specdecode.io.loading import load_model
-from specdecode.io.paths import cache_root, default_drafter_path
+from specdecode.io.paths import cache_root, default_drafter_path, dir_digest
 
 GGUF_OUTTYPES = ("f32", "f16", "bf16")
 # llama.cpp's own drafts from the text (``--spec-type``, b11434), beside draft-eagle3 or alone
@@ -113,6 +117,13 @@ def _copy_tokenizer(reader: Any, writer: Any) -> int:
     return copied
 
 
+def rope_factors(config: ModelConfig) -> Tensor:
+    """What RoPE scaling divides each frequency by (llama.cpp's ``rope_freqs`` tensor), from the
+    engine's own scaled frequencies: one source for the scaling rules (``core.attention``)."""
+    plain = rope_inv_freq(dataclasses.replace(config, rope_scaling=None))
+    return (plain / rope_inv_freq(config)).float()
+
+
 def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str | Path, outtype: str = "f32",
                        name: str = "eagle3-drafter") -> dict:
     """Write ``drafter`` as llama.cpp's EAGLE-3 GGUF at ``out`` (see the module docstring); 2-D
@@ -124,9 +135,10 @@ def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str
     if outtype not in GGUF_OUTTYPES:
         raise ValueError(f"outtype must be one of {', '.join(GGUF_OUTTYPES)}, got {outtype!r}")
     c = drafter.config.layer
-    if c.rope_scaling:
-        raise ValueError(f"the drafter uses rope_scaling {c.rope_scaling}; this exporter writes plain RoPE only "
-                         "(convert with llama.cpp's convert_hf_to_gguf.py --target-model-dir instead)")
+    unsupported = [v for v in drafter.config.variant if v in ("fc_norm", "norm_output")]
+    if unsupported:
+        raise ValueError(f"the drafter is a {'+'.join(drafter.config.variant)} variant; llama.cpp's EAGLE-3 has no "
+                         f"{' and no '.join(unsupported)} (it would draft wrongly): serve this drafter with vLLM")
     if len(drafter.config.aux_layer_ids) != 3:
         raise ValueError(f"llama.cpp's EAGLE-3 takes exactly 3 target layers; this drafter fuses "
                          f"{len(drafter.config.aux_layer_ids)}: {list(drafter.config.aux_layer_ids)}")
@@ -177,8 +189,13 @@ def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str
     writer.add_vocab_size(c.vocab_size)
     writer.add_array("eagle3.target_layers", [int(i) for i in drafter.config.aux_layer_ids])
     writer.add_uint32("eagle3.target_hidden_size", drafter.config.target_hidden_size)
-    writer.add_bool("eagle3.norm_before_residual", False)
-    writer.add_bool("eagle3.norm_before_fc", False)
+    writer.add_bool("eagle3.norm_before_residual", drafter.config.norm_before_residual)
+    writer.add_bool("eagle3.norm_before_fc", drafter.config.norm_before_fc)
+    if drafter.input_norm is not None:
+        names["input_norm.weight"] = "enc.output_norm.weight"
+    if c.rope_scaling:  # linear and llama3 divide each frequency by a factor: llama.cpp's rope_freqs
+        state["rope_freqs.weight"] = rope_factors(c)
+        names["rope_freqs.weight"] = "rope_freqs.weight"
     copied = _copy_tokenizer(target, writer)
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype]
@@ -205,15 +222,8 @@ def write_drafter_gguf(drafter: Eagle3Drafter, target_gguf: str | Path, out: str
 def gguf_export_path(drafter_dir: str | Path, target_gguf: Path) -> Path:
     """Where the drafter's llama.cpp GGUF is cached: named by the drafter, and by a digest of its files'
     sizes and times, the target's, and the writer's version (a changed drafter exports again)."""
-    import hashlib
-
-
-    h = hashlib.sha256(GGUF_EXPORT_VERSION.encode())
-    for f in sorted(Path(drafter_dir).iterdir()):
-        if f.is_file():
-            h.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
-    h.update(f"{target_gguf.resolve()}:{target_gguf.stat().st_size}".encode())
-    return cache_root() / "exports" / f"{Path(drafter_dir).name}-{h.hexdigest()[:12]}.gguf"
+    digest = dir_digest(drafter_dir, GGUF_EXPORT_VERSION, f"{target_gguf.resolve()}:{target_gguf.stat().st_size}")
+    return cache_root() / "exports" / f"{Path(drafter_dir).name}-{digest}.gguf"
 
 
 def drafter_gguf(drafter: str | Path, target_gguf: Path, dry_run: bool = False) -> tuple[Path, str]:

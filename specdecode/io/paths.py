@@ -71,6 +71,21 @@ def file_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()[:16]
 
 
+def dir_digest(path: str | Path, *extra: str) -> str:
+    """12 hex digits over a directory's files' names, sizes and times (and ``extra``): changes when a
+    file does, cheaply (an export cached under it is redone then)."""
+    h = hashlib.sha256("\0".join(extra).encode())
+    for f in sorted(Path(path).iterdir()):
+        if f.is_file():
+            h.update(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+def model_name(model: str | Path | None) -> str:
+    """A target by name, as configs written for other engines record it (``verifier``): never a local path."""
+    return Path(model or default_model_path()).name.removesuffix(".gguf")
+
+
 def file_hash(path: str | Path | None, cache: dict[tuple[str, int, int], str] | None = None) -> str | None:
     """sha256 of a file, or of a directory's files (names and contents, sorted), first 16 hex."""
     if path is None:

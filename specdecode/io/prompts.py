@@ -29,6 +29,7 @@ class Prompt:
     category: str
     messages: tuple[dict, ...] | None = None  # chat messages (the template is applied)
     text: str | None = None  # raw text (no template)
+    dropped_turns: int = 0  # assistant turns that opened its conversation, left out (as SpecForge does)
 
 
 FORMATS = "'turns', 'messages', 'conversations', 'prompt', 'instruction' or 'text'"
@@ -110,12 +111,14 @@ def is_spec_bench_row(row: dict) -> bool:
     return "turns" in row and "question_id" in row
 
 
-def first_user_turn(conversation: Any, where: str) -> tuple[dict, ...]:
-    """A SpecForge or ShareGPT conversation up to its first user turn, as chat messages."""
+def first_user_turn(conversation: Any, where: str) -> tuple[tuple[dict, ...], int]:
+    """A SpecForge or ShareGPT conversation up to its first user turn, as chat messages, and how many
+    assistant turns opened it (left out: SpecForge drops them too; many ShareGPT dumps start mid-chat)."""
     if not isinstance(conversation, list) or not all(isinstance(t, dict) for t in conversation):
         raise ValueError(f"{where}: 'conversations' must be a list of turns ({{'role', 'content'}} or "
                          "{'from', 'value'})")
     messages: list[dict] = []
+    dropped = 0
     for turn in conversation:
         speaker = turn.get("role", turn.get("from"))
         role = ROLES.get(str(speaker).lower())
@@ -125,10 +128,13 @@ def first_user_turn(conversation: Any, where: str) -> tuple[dict, ...]:
         if not isinstance(content, str):
             raise ValueError(f"{where}: a turn of 'conversations' has no text ('content' or 'value')")
         if role == "assistant":
-            break
+            if messages:  # an answer after a system message and before any user turn: not a chat we can ask
+                break
+            dropped += 1
+            continue
         messages.append({"role": role, "content": content})
         if role == "user":
-            return tuple(messages)
+            return tuple(messages), dropped
     raise ValueError(f"{where}: 'conversations' has no user turn before the first answer")
 
 
@@ -143,7 +149,8 @@ def row_prompts(row: dict, n: int, path: str | Path) -> list[Prompt]:
     if "messages" in row:
         return [Prompt(pid, category, tuple(row["messages"]))]
     if "conversations" in row:
-        return [Prompt(pid, category, first_user_turn(row["conversations"], f"{path}:{n}"))]
+        messages, dropped = first_user_turn(row["conversations"], f"{path}:{n}")
+        return [Prompt(pid, category, messages, dropped_turns=dropped)]
     if "instruction" in row:
         inputs = [i.get("input", "") for i in row.get("instances", [])] or [row.get("input", "")]
         return [Prompt(pid if k == 0 else f"{pid}-{k}", category,

@@ -16,7 +16,7 @@ from specdecode.core.drafter import Eagle3Drafter
 
 # settings a resumed run must share with the checkpoint (anything else may change)
 RESUME_KEYS = ("draft_vocab_size", "ttt_steps", "data", "seed", "batch_tokens", "max_len", "limit_samples",
-               "skip_samples", "init_from", "align_topk")
+               "skip_samples", "init_from", "align_topk", "variant")
 
 
 def save_checkpoint(path: Path, drafter: Eagle3Drafter, opt: torch.optim.Optimizer, state: dict) -> None:

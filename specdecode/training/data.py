@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import re
 import time
@@ -30,6 +31,8 @@ from specdecode.training.dataset import DataSet, heldout_split, summarize
 
 SPEC_BENCH_HINT = "Spec-Bench is for evaluation only: never train a drafter on it"
 BOOTSTRAPPED = "bootstrapped.jsonl"  # inside the data directory: instructions made before (resumable)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ def read_prompt_file(path: Path) -> list[PromptRecord]:
     if "spec_bench" in path.name.lower():
         raise ValueError(f"{path}: {SPEC_BENCH_HINT}")
     records = []
+    dropped = 0
     for n, row, prompts in read_prompt_rows(path):
         if is_spec_bench_row(row):
             raise ValueError(f"{path}:{n}: looks like Spec-Bench (question_id, turns); {SPEC_BENCH_HINT}")
@@ -107,6 +111,10 @@ def read_prompt_file(path: Path) -> list[PromptRecord]:
             messages = tuple(m for m in p.messages if m.get("role") != "assistant")
             category = str(row.get("category") or "").split(":")[0]
             records.append(PromptRecord(prompt_id(messages), path.stem, messages, category))
+            dropped += p.dropped_turns
+    if dropped:
+        log.warning("%s: %d conversation(s) opened with an assistant turn; it was left out (as SpecForge does) and "
+                    "the first user turn asked", path, dropped)
     return records
 
 

@@ -104,10 +104,20 @@ def conversation(ids: list[int], answer_start: int, tokenizer: Tokenizer, layout
     return [*messages, {"role": "assistant", "content": tokenizer.decode(answer_ids)}]
 
 
+CUT_ANSWERS = ("keep", "drop", "mark")
+CUT_MARK = "answer_cut"  # the row field --cut-answers mark sets
+
+
 def export_specforge(ds: DataSet, tokenizer: Tokenizer, out: Path, split: str | None = None,
-                     on_progress: Callable[[int, int], None] | None = None) -> ExportSummary:
+                     on_progress: Callable[[int, int], None] | None = None, cut_answers: str = "keep",
+                     ) -> ExportSummary:
     """Write ``ds``'s samples (``split``: train, heldout or None for all) to ``out`` as SpecForge
-    JSONL; see the module docstring."""
+    JSONL; see the module docstring. An answer that stopped at the token limit has no end of turn,
+    but SpecForge's template closes every assistant turn and trains that token: ``cut_answers``
+    keeps such rows (counted), drops them (counted as skipped) or marks them (``"answer_cut": true``
+    beside ``conversations``, for a filter of one's own)."""
+    if cut_answers not in CUT_ANSWERS:
+        raise ValueError(f"cut_answers={cut_answers!r}: use one of {', '.join(CUT_ANSWERS)}")
     layout = ChatLayout.of(tokenizer)
     rows = ds.samples(split)
     tokens = ds.tokens()
@@ -125,10 +135,16 @@ def export_specforge(ds: DataSet, tokenizer: Tokenizer, out: Path, split: str | 
             if isinstance(messages, str):
                 summary.skipped[messages] += 1
                 continue
-            summary.cut_answers += ids[-1] not in tokenizer.eos_token_ids
-            answer = ids[ranges[0][0]:-1] if ids[-1] in tokenizer.eos_token_ids else ids[ranges[0][0]:]
+            cut = ids[-1] not in tokenizer.eos_token_ids
+            summary.cut_answers += cut
+            if cut and cut_answers == "drop":
+                summary.skipped["the answer stopped at the token limit (--cut-answers drop)"] += 1
+                continue
+            answer = ids[ranges[0][0]:] if cut else ids[ranges[0][0]:-1]
             summary.retokenized += tokenizer.encode(messages[-1]["content"]) != answer
-            f.write(json.dumps({"id": row["id"], "conversations": messages}, ensure_ascii=False) + "\n")
+            record = {"id": row["id"], "conversations": messages} | ({CUT_MARK: True} if cut and cut_answers == "mark"
+                                                                      else {})
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
             summary.written += 1
             if on_progress is not None and (n % 500 == 0 or n == len(rows)):
                 on_progress(n, len(rows))

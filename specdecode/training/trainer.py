@@ -21,12 +21,12 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from specdecode.core.drafter import Eagle3Drafter, random_drafter
-from specdecode.core.model import DecoderLayer, Transformer
+from specdecode.core.drafter import VARIANT_FLAGS, Eagle3Drafter, random_drafter, with_variant
+from specdecode.core.model import DecoderLayer, RMSNorm, Transformer
 from specdecode.io.checkpoints import load_drafter, save_drafter
 from specdecode.io.hf import load_hf_dir
 from specdecode.io.loading import parse_dtype, resolve_model_dir
-from specdecode.io.paths import prepare_output
+from specdecode.io.paths import model_name, prepare_output
 from specdecode.runtime.autoformat import fast_bf16
 from specdecode.runtime.device import resolve_device
 from specdecode.training.checkpoint import load_checkpoint, save_checkpoint
@@ -94,6 +94,12 @@ class TrainConfig:
     # GRIFFIN's token-alignable loss (ttt.ttt_loss): step j > 0 trains only where the earlier steps put the
     # target's token in their top-k (k = 2: the default tree's width); 0 trains every position (EAGLE-3)
     align_topk: int = 0
+    # DSpark's acceptance loss: each step's loss is (1 - tv_weight) x soft CE + tv_weight x the total variation
+    # between the target's and the draft's distributions (DSpark: 0.9); 0 is EAGLE-3's CE alone
+    tv_weight: float = 0.0
+    # the head's variant flags (core.drafter.VARIANT_FLAGS: fc_norm and norm_output are EAGLE-3.1's); a variant
+    # drafter is written in vLLM's speculators layout
+    variant: tuple[str, ...] = ()
     # Which weights the run writes: "best", the held-out evaluation with the highest simulated accept
     # length (chain of ttt_steps; SpecForge keeps a checkpoint per evaluation and picks by acceptance
     # too), or "last". v3's held-out curve was flat after epoch 5 of 8 while training accuracy rose.
@@ -109,6 +115,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.select not in SELECT_MODES:
             raise ValueError(f"select={self.select!r}: use one of {', '.join(SELECT_MODES)}")
+        unknown = [v for v in self.variant if v not in VARIANT_FLAGS]
+        if unknown:
+            raise ValueError(f"variant {unknown}: use flags among {', '.join(VARIANT_FLAGS)} (--variant)")
         if self.align_topk < 0:
             raise ValueError(f"align_topk={self.align_topk}: give 0 (train every position) or the draft's top-k")
         if self.patience < 0:
@@ -125,10 +134,11 @@ class TrainConfig:
                                  f"(--{name.replace('_', '-')})")
         if self.max_len < 2:
             raise ValueError(f"max_len={self.max_len}: a sample needs at least 2 tokens (--max-len)")
-        for name in ("lr", "warmup_ratio", "min_lr_ratio", "weight_decay", "feature_noise"):
+        shares = ("warmup_ratio", "min_lr_ratio", "tv_weight")
+        for name in ("lr", "weight_decay", "feature_noise", *shares):
             value = getattr(self, name)
-            if value < 0 or (name.endswith("ratio") and value > 1):
-                raise ValueError(f"{name}={value}: it must be >= 0{' and <= 1' if name.endswith('ratio') else ''} "
+            if value < 0 or (name in shares and value > 1):
+                raise ValueError(f"{name}={value}: it must be >= 0{' and <= 1' if name in shares else ''} "
                                  f"(--{name.replace('_', '-')})")
 
     @property
@@ -227,7 +237,7 @@ def add_feature_noise(hidden: Tensor, taps: int, scale: float, seed: int) -> Ten
 
 
 def build_drafter(target: Transformer, d2t: Tensor, t2d: Tensor, cfg: TrainConfig) -> Eagle3Drafter:
-    drafter = random_drafter(target, draft_vocab_size=len(d2t), seed=cfg.seed)
+    drafter = random_drafter(target, draft_vocab_size=len(d2t), seed=cfg.seed, variant=cfg.variant)
     # fp32 master weights (bf16 autocast does the matmuls); fp64 for fp64 exactness tests
     drafter = drafter.to(torch.float64 if target.dtype == torch.float64 else torch.float32).to(target.device)
     with torch.no_grad():
@@ -280,9 +290,31 @@ def warm_drafter(path: str, target: Transformer, cfg: TrainConfig) -> Eagle3Draf
     if taps != tuple(target.config.eagle3_aux_layer_ids):
         raise ValueError(f"--init-from {path}: it reads the target's layers {list(taps)}, the trainer feeds "
                          f"{list(target.config.eagle3_aux_layer_ids)}; train from scratch (drop --init-from)")
+    if drafter.config.variant != tuple(cfg.variant):
+        if drafter.config.variant:
+            raise ValueError(f"--init-from {path}: a {'+'.join(drafter.config.variant)} variant; this run asks "
+                             f"{'+'.join(cfg.variant) or 'none'}: pass --variant {','.join(drafter.config.variant)}")
+        plain, drafter = drafter, Eagle3Drafter(with_variant(drafter.config, cfg.variant), target.embed_tokens)
+        drafter = drafter.to(device=plain.device, dtype=plain.dtype)
+        missing, _ = drafter.load_state_dict(plain.state_dict(), strict=False)  # the variant's norms: ones
+        if any(not k.startswith(("fc_norm.", "input_norm.")) for k in missing):
+            raise ValueError(f"--init-from {path}: cannot start the variant from it (missing {missing})")
     drafter.requires_grad_(True)
     drafter.d2t.requires_grad_(False)
     return drafter.train()
+
+
+@torch.no_grad()
+def scale_new_norms(drafter: Eagle3Drafter, taps: Tensor) -> None:
+    """Set a variant's input norms (fc_norm, input_norm) to the median RMS of what they normalize in
+    ``taps`` [B, T, n_aux*H_t]: fc then sees the taps at their usual scale, as the drafter it starts from
+    did, except at the few positions with massive activations, which the norms exist to tame."""
+    x = taps.float().reshape(-1, taps.shape[-1])
+    if drafter.input_norm is not None:
+        drafter.input_norm.weight.fill_(float(x.pow(2).mean(-1).sqrt().median()))
+    if drafter.fc_norm is not None:
+        for norm, part in zip(drafter.fc_norm, x.chunk(len(drafter.fc_norm), -1), strict=True):
+            cast(RMSNorm, norm).weight.fill_(float(part.pow(2).mean(-1).sqrt().median()))
 
 
 def _optimizer(drafter: Eagle3Drafter, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
@@ -320,7 +352,7 @@ def _save_output(drafter: Eagle3Drafter, path: Path, state: dict[str, Any], rows
     shutil.rmtree(tmp, ignore_errors=True)
     save_drafter(drafter, tmp, dtype=torch.bfloat16, extra_config={
         "specdecode_training": {"steps": state["step"], "samples": len(rows), "draft_vocab_coverage": coverage,
-                                "data": str(cfg.data)}})
+                                "data": str(cfg.data)}}, verifier=model_name(cfg.model))
     path.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         (tmp / name).replace(path / name)
@@ -440,6 +472,10 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
                         bool(state.get("stopped_early")), {k: v.accept_length for k, v in others.items()}))
 
     t_start = time.perf_counter()
+    if cfg.init_from and cfg.variant and not resumed:  # the variant's new norms, from the first batch's taps
+        tokens, valid, loss_mask = collate(ds, rows, make_batches(rows, cfg, 0)[0], cfg.max_len, tokens_mm, device)
+        scale_new_norms(drafter, target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d,
+                                              t2d_index).hidden)
     if cfg.init_from and heldout and not state["evals"]:
         # the starting drafter is the first candidate: a continued run never ships worse than it
         # began, and its curve starts from the starting point's own held-out figure
@@ -462,7 +498,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast)):
                 outs = ttt_forward(drafter, tokens, valid, tb, cfg.ttt_steps)
                 loss, losses, accs, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, cfg.step_weight,
-                                                 cfg.align_topk)
+                                                 cfg.align_topk, cfg.tv_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))

@@ -106,23 +106,24 @@ def shift_left(x: Tensor, k: int, fill=0) -> Tensor:
 
 
 def ttt_forward(drafter: Eagle3Drafter, tokens: Tensor, valid: Tensor, tb: TargetBatch, steps: int) -> list[Tensor]:
-    """The draft's output hidden states [B, T, H] for each unrolled step (see module docstring)."""
-    layer, c = drafter.midlayer, drafter.config.layer
-    attn = layer.self_attn
+    """The draft layer's outputs [B, T, H] for each unrolled step (see module docstring): what
+    ``drafter.head`` turns into logits; the next step reads ``drafter.feedback`` of each."""
+    c = drafter.config.layer
+    attn = drafter.midlayer.self_attn
     B, T = tokens.shape
     nh, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
     scale = 1.0 / math.sqrt(hd)
     embed = drafter.embed_tokens
     idx = torch.arange(T, device=tokens.device)
     causal = (idx[None, :] <= idx[:, None])[None, None] & valid[:, None, None, :]  # [B,1,T,T]
-    hidden = drafter.fc(tb.hidden.to(drafter.fc.weight.dtype))
+    hidden = drafter.fuse(tb.hidden.to(drafter.fc.weight.dtype))
     keys0 = values0 = hidden  # set at step 0, before any use
     chain_k: list[Tensor] = []
     chain_v: list[Tensor] = []
     outputs = []
     for j in range(steps):
         x_emb = embed(shift_left(tokens, 1 + j)).detach().to(hidden.dtype)
-        x = torch.cat((layer.input_layernorm(x_emb), layer.hidden_norm(hidden)), -1)
+        x, residual = drafter.layer_input(x_emb, hidden)
         q, k, v = attn.qkv_proj(x).split(attn.split, dim=-1)
         q = q.view(B, T, nh, hd).transpose(1, 2)
         k = k.view(B, T, nkv, hd).transpose(1, 2)
@@ -143,10 +144,9 @@ def ttt_forward(drafter: Eagle3Drafter, tokens: Tensor, valid: Tensor, tb: Targe
         out = probs[..., :T] @ values0
         for n_, cv in enumerate(chain_v):
             out = out + probs[..., T + n_:T + n_ + 1] * cv
-        h = hidden + attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = drafter.layer_output(residual, attn.o_proj(out.transpose(1, 2).reshape(B, T, -1)))
         outputs.append(h)
-        hidden = h
+        hidden = drafter.feedback(h)
     return outputs
 
 
@@ -159,22 +159,27 @@ class StepResult:
 
 
 def step_result(drafter: Eagle3Drafter, h: Tensor, tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
-                j: int, keep: Tensor | None = None, topk: int = 0) -> StepResult:
+                j: int, keep: Tensor | None = None, topk: int = 0, tv_weight: float = 0.0) -> StepResult:
     """Step j at index i predicts token i+2+j against the target's distribution at i+1+j;
     it counts when that token exists and is an assistant token (and ``keep`` [B, T], if
     given, holds there). The lm_head runs only there; soft CE = logsumexp(z) - sum(p * z)
     (p sums to one). ``topk``: also say where the target's token is among the draft's
-    ``topk`` most likely (``hit``)."""
+    ``topk`` most likely (``hit``). ``tv_weight`` w: the loss is (1 - w) CE + w TV, TV the
+    total variation 0.5 sum |p - q| (1 - TV is the acceptance rate of sampled speculation;
+    DSpark trains with w = 0.9)."""
     B, T = valid.shape
     ok = shift_left(loss_mask & valid, 2 + j, fill=False)
     if keep is not None:
         ok = ok & keep
     b, i = ok.nonzero(as_tuple=True)
-    logits = drafter.lm_head(drafter.norm(h[b, i])).float()
+    logits = drafter.head(h[b, i]).float()
     rows = tb.row[b, i + 1 + j]
     p = tb.probs[rows].float()
     cross = torch.bmm(p.unsqueeze(1), logits.unsqueeze(2)).view(-1)  # sum(p * z) without the product tensor
     loss = (torch.logsumexp(logits, -1) - cross).mean() if len(b) else logits.sum() * 0
+    if tv_weight and len(b):
+        tv = 0.5 * (p - torch.softmax(logits, -1)).abs().sum(-1).mean()
+        loss = (1 - tv_weight) * loss + tv_weight * tv
     target_ids = tb.best[b, i + 1 + j]
     correct = torch.zeros(B, T, dtype=torch.bool, device=valid.device)
     correct[b, i] = logits.argmax(-1) == target_ids
@@ -187,8 +192,10 @@ def step_result(drafter: Eagle3Drafter, h: Tensor, tb: TargetBatch, valid: Tenso
 
 
 def ttt_loss(drafter: Eagle3Drafter, outputs: list[Tensor], tb: TargetBatch, valid: Tensor, loss_mask: Tensor,
-             weight: float, align_topk: int = 0) -> tuple[Tensor, list[float], list[float], list[Tensor]]:
+             weight: float, align_topk: int = 0, tv_weight: float = 0.0,
+             ) -> tuple[Tensor, list[float], list[float], list[Tensor]]:
     """The weighted loss over the unrolled steps, each step's loss and accuracy, and its ``correct`` map.
+    ``tv_weight``: the share of total variation in each step's loss (``step_result``).
 
     ``align_topk`` > 0: GRIFFIN's token-alignable training. Step j (> 0) counts only at the
     positions where every earlier step put the target's token among its ``align_topk`` most
@@ -199,7 +206,7 @@ def ttt_loss(drafter: Eagle3Drafter, outputs: list[Tensor], tb: TargetBatch, val
     losses, accs, correct = [], [], []
     keep: Tensor | None = None
     for j, h in enumerate(outputs):
-        r = step_result(drafter, h, tb, valid, loss_mask, j, keep, align_topk)
+        r = step_result(drafter, h, tb, valid, loss_mask, j, keep, align_topk, tv_weight)
         total = total + weight ** j * r.loss
         losses.append(float(r.loss.detach()))
         accs.append(float(r.correct.sum()) / max(r.count, 1))

@@ -224,10 +224,14 @@ def test_aux_ids_that_disagree_between_engines_are_refused(saved, target):
 
 @pytest.mark.parametrize("change,words", [
     ({"num_hidden_layers": 2}, "num_hidden_layers is 2; this engine runs the one-layer"),
-    ({"fc_norm": True}, "fc_norm=True: a SpecForge variant"),
-    ({"norm_before_residual": True}, "norm_before_residual=True: a SpecForge variant"),
+    ({"fc_norm": True}, r"missing tensors \['fc_norm.0.weight'"),  # switched on, its weights absent
+    ({"fc_norm": True, "norm_before_fc": True}, "fc_norm and norm_before_fc both normalize fc's input"),
     ({"norm_output": False}, "norm_output=False: a SpecForge head without the final norm"),
-    ({"speculators_model_type": "eagle3"}, "a speculators checkpoint .* does not read this one yet"),
+    ({"speculators_model_type": "eagle3"}, "a speculators checkpoint without a transformer_layer_config"),
+    ({"speculators_model_type": "eagle3", "transformer_layer_config": {"model_type": "qwen3"}},
+     "a 'qwen3' layer; this engine runs a Llama layer"),
+    ({"speculators_model_type": "eagle3", "transformer_layer_config": {"model_type": "llama"}},
+     "norm_before_residual is absent: vLLM reads that as true, speculators as false"),
     ({"hidden_size": 32}, "the drafter's layer is 32 wide, the target 64"),
 ])
 def test_a_head_variant_this_engine_does_not_run_is_refused(saved, target, change, words):
@@ -242,3 +246,157 @@ def test_a_tensor_the_head_has_no_place_for_is_refused(saved, target):
     edit_state(path, lambda s: s.__setitem__("fc_norm.weight", torch.ones(64)))
     with pytest.raises(DrafterMismatchError, match=r"does not have: \['fc_norm.weight'\]"):
         load_drafter(path, target)
+
+
+# ---------------------------------------------------------------- variants and vLLM's speculators layout
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _reference_step(d, sd, flags, tokens, hidden, positions, keys, values):
+    """One draft step as speculators and vLLM compute it (their published arithmetic, written out from the
+    checkpoint's tensors by name, independently of Eagle3Drafter): (logits, what the next step reads,
+    this step's key and value)."""
+    c, eps = d.config.layer, d.config.layer.rms_norm_eps
+    if hidden.shape[-1] != c.hidden_size:
+        if flags.get("norm_before_fc"):
+            hidden = _rms(hidden, sd["input_norm.weight"], eps)
+        if flags.get("fc_norm"):
+            parts = hidden.chunk(len(d.config.aux_layer_ids), -1)
+            hidden = torch.cat([_rms(p, sd[f"fc_norm.{i}.weight"], eps) for i, p in enumerate(parts)], -1)
+        hidden = hidden @ sd["fc.weight"].T
+    normed = _rms(hidden, sd["layers.0.hidden_norm.weight"], eps)
+    x = torch.cat((_rms(d.embed_tokens.weight[tokens], sd["layers.0.input_layernorm.weight"], eps), normed), -1)
+    residual = normed if flags.get("norm_before_residual") else hidden
+    q = (x @ sd["layers.0.self_attn.q_proj.weight"].T).view(-1, c.num_heads, c.head_dim)
+    k = (x @ sd["layers.0.self_attn.k_proj.weight"].T).view(-1, c.num_kv_heads, c.head_dim)
+    v = (x @ sd["layers.0.self_attn.v_proj.weight"].T).view(-1, c.num_kv_heads, c.head_dim)
+    inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+    ang = positions[:, None].double() * inv[None]
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1)[:, None], torch.cat((ang.sin(), ang.sin()), -1)[:, None]
+
+    def rope(t):
+        a, b = t.chunk(2, -1)
+        return t * cos + torch.cat((-b, a), -1) * sin
+    q, k = rope(q), rope(k)
+    keys, values = torch.cat((keys, k)), torch.cat((values, v))
+    rep = c.num_heads // c.num_kv_heads
+    kk, vv = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+    n, m = len(q), len(kk)
+    scores = torch.einsum("qhd,khd->hqk", q, kk) / c.head_dim ** 0.5
+    scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
+    attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv).reshape(n, -1)
+    attn = attn @ sd["layers.0.self_attn.o_proj.weight"].T
+    h = residual + attn
+    y = _rms(h, sd["layers.0.post_attention_layernorm.weight"], eps)
+    h = h + (torch.nn.functional.silu(y @ sd["layers.0.mlp.gate_proj.weight"].T)
+             * (y @ sd["layers.0.mlp.up_proj.weight"].T)) @ sd["layers.0.mlp.down_proj.weight"].T
+    out = _rms(h, sd["norm.weight"], eps)
+    logits = out @ sd["lm_head.weight"].T
+    return logits, out if flags.get("norm_output") else h, keys, values
+
+
+@pytest.mark.parametrize("variant", [(), ("fc_norm", "norm_output"), ("norm_before_fc", "norm_before_residual"),
+                                     ("fc_norm", "norm_before_residual", "norm_output")])
+def test_each_variant_drafts_what_vllm_and_speculators_compute(tmp_path, target, variant):
+    """A variant drafter written in the speculators layout, loaded back, drafts two steps (the second on
+    what the first fed back) exactly as the published arithmetic computes them from the file's tensors."""
+    drafter = random_drafter(target, seed=3, init_std=0.3, variant=variant)
+    with torch.no_grad():  # norms away from 1, so that a norm applied in the wrong place shows
+        for name, p in drafter.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    save_drafter(drafter, tmp_path / "d", verifier="tiny")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert ("speculators_model_type" in cfg) == bool(variant)  # EAGLE-3 as published stays in SGLang's layout
+    loaded = load_drafter(tmp_path / "d", target)
+    assert loaded.config.variant == variant
+    sd = {k.replace("midlayer.", "layers.0."): v
+          for k, v in load_file(str(tmp_path / "d" / "model.safetensors")).items()}
+    flags = dict.fromkeys(variant, True)
+    gen = torch.Generator().manual_seed(5)
+    taps = torch.randn(4, 3 * 64, generator=gen, dtype=torch.float64) * 3
+    tokens, pos = torch.tensor([5, 9, 2, 7]), torch.arange(4)
+    cache = loaded.new_cache(16)
+    logits, fed = loaded(tokens[None], taps[None], pos, cache)
+    empty = torch.zeros(0, 2, 16, dtype=torch.float64)
+    ref_logits, ref_fed, k, v = _reference_step(loaded, sd, flags, tokens, taps, pos, empty, empty)
+    close = {"atol": 1e-5, "rtol": 1e-4}  # RoPE's angles are float32 in the engine; a misplaced norm is O(1)
+    torch.testing.assert_close(logits[0], ref_logits, **close)
+    torch.testing.assert_close(fed[0], ref_fed, **close)
+    nxt = torch.tensor([11])
+    logits2, _ = loaded(nxt[None], fed[:, -1:], torch.tensor([4]), cache)
+    ref2, _, _, _ = _reference_step(loaded, sd, flags, nxt, ref_fed[-1:], torch.tensor([4]), k, v)
+    torch.testing.assert_close(logits2[0], ref2, **close)
+
+
+def _published_speculators_checkpoint(path, drafter, target):
+    """``drafter`` written by hand the way speculators writes a checkpoint (its published layout: issue 53):
+    ``layers.0.*`` names, the target's embedding included, no d2t/t2d (the draft vocabulary is the
+    target's), the flags and ids at the top level, the layer under ``transformer_layer_config``."""
+    from specdecode.io.checkpoints import checkpoint_state
+
+    c = drafter.config.layer
+    state = {k.replace("midlayer.", "layers.0."): v.detach().clone().contiguous()
+             for k, v in checkpoint_state(drafter).items() if k not in ("d2t", "t2d")}
+    state["embed_tokens.weight"] = target.embed_tokens.weight.detach().clone()
+    path.mkdir()
+    save_file(state, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["Eagle3DraftModel"], "auto_map": {"": "config.Eagle3SpeculatorConfig"},
+        "draft_vocab_size": c.vocab_size, "dtype": "float64", "eagle_aux_hidden_state_layer_ids": [1, 3, 3],
+        "embed_requires_grad": False, "fc_norm": drafter.config.fc_norm,
+        "norm_before_fc": drafter.config.norm_before_fc, "norm_before_residual": drafter.config.norm_before_residual,
+        "norm_output": drafter.config.feed_normed,
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
+                                                     "speculative_tokens": 3, "verifier_accept_k": 1}],
+                               "verifier": {"architectures": ["LlamaForCausalLM"], "name_or_path": "/model"}},
+        "speculators_model_type": "eagle3", "speculators_version": "0.8.0.dev0", "target_hidden_size": None,
+        "tie_word_embeddings": False,
+        "transformer_layer_config": {"attention_bias": False, "head_dim": c.head_dim, "hidden_act": "silu",
+                                     "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+                                     "max_position_embeddings": c.max_position_embeddings, "mlp_bias": False,
+                                     "model_type": "llama", "num_attention_heads": c.num_heads,
+                                     "num_hidden_layers": 1, "num_key_value_heads": c.num_kv_heads,
+                                     "rms_norm_eps": c.rms_norm_eps, "rope_scaling": None,
+                                     "rope_theta": c.rope_theta, "vocab_size": c.vocab_size}}))
+
+
+def test_a_speculators_checkpoint_in_the_published_layout_loads_and_decodes_losslessly(tmp_path, target):
+    from tests.helpers import plain_steps
+
+    made = random_drafter(target, seed=4, init_std=0.3, variant=("fc_norm", "norm_before_residual", "norm_output"))
+    _published_speculators_checkpoint(tmp_path / "s", made, target)
+    drafter = load_drafter(tmp_path / "s", target)
+    assert drafter.config.aux_layer_ids == (1, 3, 3)  # top-level ids in vLLM's numbering: inputs of those layers
+    assert drafter.config.variant == ("fc_norm", "norm_before_residual", "norm_output")
+    assert bool(drafter.t2d.all()) and not bool(drafter.d2t.any())  # no d2t/t2d: the target's vocabulary
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = [t for step in plain_steps(target, prompt, 24, SamplingParams()) for t in step.tokens]
+    for shape in (SpecConfig(3, 1, 4), SpecConfig(3, 2, 6)):
+        spec = [t for step in eagle3_steps(target, drafter, prompt, 24, SamplingParams(), None, shape)
+                for t in step.tokens]
+        assert spec == plain
+    # and ours written out in that layout reads back the same head
+    save_drafter(drafter, tmp_path / "ours", verifier="tiny")
+    again = load_drafter(tmp_path / "ours", target)
+    for (k, a), (_, b) in zip(drafter.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+
+
+def test_an_embedding_other_than_the_targets_is_refused(tmp_path, target):
+    """speculators saves the (frozen) target embedding beside the head: the same table loads; a head
+    trained with its own, or built for another model, is refused rather than fed the target's."""
+    made = random_drafter(target, seed=4, init_std=0.3, variant=("norm_before_residual",))
+    _published_speculators_checkpoint(tmp_path / "s", made, target)
+    same = target.embed_tokens.weight.detach()
+    edit_state(tmp_path / "s", lambda s: s.__setitem__("embed_tokens.weight", (same * 1.02).clone()))
+    load_drafter(tmp_path / "s", target)  # within rounding of the target's table: loads
+    edit_state(tmp_path / "s", lambda s: s.__setitem__("embed_tokens.weight", torch.randn_like(same)))
+    with pytest.raises(DrafterMismatchError, match="differs from the target's embedding"):
+        load_drafter(tmp_path / "s", target)
+    edit_state(tmp_path / "s", lambda s: s.__setitem__("embed_tokens.weight", torch.randn(97, 32)))
+    with pytest.raises(DrafterMismatchError, match="has its own embedding"):
+        load_drafter(tmp_path / "s", target)

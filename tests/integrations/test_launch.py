@@ -4,6 +4,7 @@ import json
 import shlex
 
 import pytest
+import torch
 
 from specdecode.integrations.launch import engine_command
 from tests.helpers import run_specdecode
@@ -29,6 +30,7 @@ def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env, tmp_p
                      "--launch-profile", "nccl-ll", "--port", "31000", "--dry-run",
                      "--engine-args", "--mem-fraction-static 0.8", env=profile_env | {"SPECDECODE_CACHE": str(cache)})
     assert not any(cache.glob("SmolLM2*"))  # a dry run converts nothing: the path it names is where it will be
+    assert "does not exist yet: the GGUF is converted there" in out.stderr  # and it says so
     line = out.stdout.strip()
     assert line.startswith("env NCCL_ALGO=Ring NCCL_BUFFSIZE=16777216 -u NCCL_DEBUG NCCL_PROTO=LL ")
     argv = shlex.split(line)
@@ -85,6 +87,17 @@ def test_export_keeps_the_taps_and_writes_one_file_for_every_engine(tmp_path, sm
     assert a.config.aux_layer_ids == b.config.aux_layer_ids
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    # vLLM's speculators layout: the same head and taps, the ids at the top level only, the target by name
+    out = specdecode("export", "--format", "speculators", "--out", str(tmp_path / "spec"))
+    assert "speculators layout" in out.stdout
+    spec = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert spec["speculators_model_type"] == "eagle3" and "eagle_config" not in spec
+    assert spec["eagle_aux_hidden_state_layer_ids"] == v["taps_entering_layers"]
+    assert spec["norm_before_residual"] is False and spec["norm_output"] is False
+    assert spec["speculators_config"]["verifier"]["name_or_path"] == "SmolLM2-135M-Instruct.Q4_1"
+    c = load_drafter(tmp_path / "spec", smollm.model)
+    assert c.config == a.config
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True))
 
 
 def test_launch_says_when_a_drafter_lacks_what_its_engine_reads(tmp_path, profile_env):
@@ -100,11 +113,50 @@ def test_launch_says_when_a_drafter_lacks_what_its_engine_reads(tmp_path, profil
     top = cfg.pop("eagle_aux_hidden_state_layer_ids")
     (src / "config.json").write_text(json.dumps(cfg))
     out = specdecode("launch", "vllm", "--drafter", str(src), "--dry-run", env=profile_env)
-    assert "has no top-level eagle_aux_hidden_state_layer_ids (vLLM's): would export a copy" in out.stderr
+    assert "has no top-level eagle_aux_hidden_state_layer_ids (vLLM's): would write a copy" in out.stderr
     cfg["eagle_config"] |= {"eagle_aux_hidden_state_layer_ids": top, "specdecode_aux_layer_id_convention": "vllm"}
     (src / "config.json").write_text(json.dumps(cfg))
     out = specdecode("launch", "sglang", "--drafter", str(src), "--dry-run", env=profile_env)
     assert "in vLLM's numbering" in out.stderr and "tap every layer one later" in out.stderr
+
+
+def test_vllms_copy_of_a_drafter_is_made_once_from_its_config_without_loading_the_target(tmp_path, monkeypatch):
+    """launch vllm with a drafter that lacks the top-level list (every SpecForge export): the copy is
+    wired from the drafter's config and the target's config.json (no target load), its tensors copied
+    as they are, and cached: the next launch reuses it, a changed drafter is copied again."""
+    import shutil
+
+    import specdecode.integrations.export as export
+    from specdecode.io.checkpoints import load_drafter
+    from specdecode.io.loading import load_model, resolve_model_dir
+    from specdecode.io.paths import default_drafter_path
+
+    src = tmp_path / "d"
+    shutil.copytree(default_drafter_path(), src)
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    _, model_dir = resolve_model_dir(None)
+    target = load_model(None, "float32", "cpu").model
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+
+    def no_target(*a, **k):
+        raise AssertionError("the target was loaded")
+    monkeypatch.setattr(export, "load_model", no_target)
+    copy, note = export.vllm_copy(src, model_dir)
+    assert "wrote a copy" in note and copy.parent == tmp_path / "cache" / "exports"
+    written = json.loads((copy / "config.json").read_text())
+    taps = list(load_drafter(src, target).config.aux_layer_ids)
+    assert written["eagle_aux_hidden_state_layer_ids"] == taps  # vLLM's reading: inputs of those layers
+    assert load_drafter(copy, target).config.aux_layer_ids == tuple(taps)
+    assert (copy / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    stamp = (copy / "config.json").stat().st_mtime_ns
+    again, note = export.vllm_copy(src, model_dir)
+    assert again == copy and "written before" in note and (copy / "config.json").stat().st_mtime_ns == stamp
+    cfg["rms_norm_eps"] = 1e-5  # the drafter changes: a new copy
+    (src / "config.json").write_text(json.dumps(cfg))
+    changed, note = export.vllm_copy(src, model_dir)
+    assert changed != copy and "wrote a copy" in note
 
 
 def test_sglang_runs_with_the_python_of_its_own_environment(profile_env, tmp_path):

@@ -25,10 +25,13 @@ def _rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def _ggml_rope(x, positions, base):
-    """GGML's NORM rope: rotates adjacent pairs (x[2i], x[2i+1]) of each head. x: [T, heads, d]."""
+def _ggml_rope(x, positions, base, freq_factors=None):
+    """GGML's NORM rope: rotates adjacent pairs (x[2i], x[2i+1]) of each head, pair i's angle divided by
+    ``freq_factors[i]`` where given (``rope_freqs``). x: [T, heads, d]."""
     d = x.shape[-1]
     theta = positions[:, None] * base ** (-np.arange(0, d, 2) / d)  # [T, d/2]
+    if freq_factors is not None:
+        theta = theta / freq_factors
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     a, b = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
@@ -47,19 +50,22 @@ def llamacpp_forward(path, embed: np.ndarray, tokens: np.ndarray, features: np.n
     heads, kv = f["eagle3.attention.head_count"], f["eagle3.attention.head_count_kv"]
     hd = f["eagle3.attention.key_length"]
     T = len(tokens)
+    if f.get("eagle3.norm_before_fc"):
+        features = _rms(features, t["enc.output_norm.weight"], eps)
     g = features @ t["fc.weight"].T  # encoder: fc over [h(L0) | h(L1) | h(L2)]
-    cur = np.concatenate([_rms(embed[tokens], t["blk.0.attn_norm.weight"], eps),
-                          _rms(g, t["blk.0.attn_norm_2.weight"], eps)], axis=-1)
+    g_norm = _rms(g, t["blk.0.attn_norm_2.weight"], eps)
+    cur = np.concatenate([_rms(embed[tokens], t["blk.0.attn_norm.weight"], eps), g_norm], axis=-1)
     pos = np.arange(T, dtype=np.float64)
-    q = _ggml_rope((cur @ t["blk.0.attn_q.weight"].T).reshape(T, heads, hd), pos, base)
-    k = _ggml_rope((cur @ t["blk.0.attn_k.weight"].T).reshape(T, kv, hd), pos, base)
+    factors = t.get("rope_freqs.weight")
+    q = _ggml_rope((cur @ t["blk.0.attn_q.weight"].T).reshape(T, heads, hd), pos, base, factors)
+    k = _ggml_rope((cur @ t["blk.0.attn_k.weight"].T).reshape(T, kv, hd), pos, base, factors)
     v = (cur @ t["blk.0.attn_v.weight"].T).reshape(T, kv, hd)
     k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
     scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -np.inf), 1)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     attn = np.einsum("hqk,khd->qhd", probs, v).reshape(T, heads * hd) @ t["blk.0.attn_output.weight"].T
-    ffn_inp = attn + g  # norm_before_residual false
+    ffn_inp = attn + (g_norm if f.get("eagle3.norm_before_residual") else g)
     x = _rms(ffn_inp, t["blk.0.ffn_norm.weight"], eps)
     gate, up = x @ t["blk.0.ffn_gate.weight"].T, x @ t["blk.0.ffn_up.weight"].T
     out = ffn_inp + (gate / (1 + np.exp(-gate)) * up) @ t["blk.0.ffn_down.weight"].T
@@ -143,3 +149,53 @@ def test_a_soname_that_cannot_be_linked_says_the_command(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "symlink_to", refuse)
     with pytest.raises(FileNotFoundError, match=r"libllama.so.0 is missing .* ln -s libllama.so.0.6.0"):
         complete_sonames(tmp_path)
+
+
+@pytest.mark.model
+def test_a_drafter_with_rope_scaling_and_speculators_norms_exports_for_llama_cpp(tmp_path):
+    """llama3 RoPE scaling (rope_freqs: each pair's frequency divided by its factor), norm_before_fc
+    (enc.output_norm) and norm_before_residual: the file computes our drafter's logits as llama.cpp
+    reads it; fc_norm and post-norm feedback, which llama.cpp's eagle3 lacks, are refused."""
+    import dataclasses
+
+    from specdecode.core.drafter import Eagle3Drafter, with_variant
+    from specdecode.io.checkpoints import load_drafter
+    from specdecode.io.llamacpp import write_drafter_gguf
+    from specdecode.io.loading import load_model
+    from specdecode.io.paths import default_drafter_path
+
+    loaded = load_model(None, "float32", "cpu")
+    shipped = load_drafter(default_drafter_path(), loaded.model)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # short: the smooth band lands inside head_dim 64
+    layer = dataclasses.replace(shipped.config.layer, rope_scaling=scaling)
+    config = with_variant(dataclasses.replace(shipped.config, layer=layer), ("norm_before_fc", "norm_before_residual"))
+    drafter = Eagle3Drafter(config, loaded.model.embed_tokens)
+    drafter.load_state_dict(shipped.state_dict(), strict=False)
+    with torch.no_grad():
+        drafter.input_norm.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(1))
+    drafter.eval().requires_grad_(False)
+    write_drafter_gguf(drafter, loaded.source, tmp_path / "d.gguf")
+    tensors = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(str(tmp_path / "d.gguf")).tensors}
+    factors = tensors["rope_freqs.weight"]
+    # llama3's rule written out: 1 for short wavelengths, the factor for long ones, smooth between
+    inv = layer.rope_theta ** (-np.arange(0, 64, 2) / 64)
+    wavelen = 2 * np.pi / inv
+    smooth = (64 / wavelen - 1.0) / (4.0 - 1.0)
+    expect = np.where(wavelen < 64 / 4.0, 1.0, np.where(wavelen > 64 / 1.0, 8.0, 1 / ((1 - smooth) / 8.0 + smooth)))
+    np.testing.assert_allclose(factors, expect, rtol=1e-5)
+    assert 1.0 in factors and 8.0 in factors and ((factors > 1) & (factors < 8)).any()
+
+    gen = torch.Generator().manual_seed(0)
+    T = 40  # positions far enough for the scaled frequencies to matter
+    tokens = torch.randint(0, drafter.config.vocab_size, (T,), generator=gen)
+    features = torch.randn(T, 3 * drafter.config.target_hidden_size, generator=gen)
+    draft_logits, _ = drafter(tokens[None], features[None], torch.arange(T), drafter.new_cache(64))
+    ref, _ = llamacpp_forward(tmp_path / "d.gguf", loaded.model.embed_tokens.weight.double().numpy(),
+                              tokens.numpy(), features.double().numpy())
+    ids = drafter.to_target_ids(torch.arange(drafter.config.draft_vocab_size)).numpy()
+    np.testing.assert_allclose(draft_logits[0].double().numpy(), ref[:, ids], rtol=1e-4, atol=1e-4)
+
+    post = Eagle3Drafter(with_variant(shipped.config, ("fc_norm", "norm_output")), loaded.model.embed_tokens)
+    with pytest.raises(ValueError, match="llama.cpp's EAGLE-3 has no fc_norm and no norm_output"):
+        write_drafter_gguf(post, loaded.source, tmp_path / "post.gguf")

@@ -110,13 +110,24 @@ def test_the_converted_gguf_directory_loads_in_engines_on_transformers_4(tmp_pat
     tokenizer class transformers 4 knows, which reads the same ids here."""
     import json
 
+    from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    from specdecode.io.gguf import gguf_cache_dir
+    from specdecode.io.gguf import gguf_cache_dir, gguf_cache_path
     from specdecode.io.paths import default_model_path
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    earlier = gguf_cache_path(default_model_path()).with_name(
+        gguf_cache_path(default_model_path()).name.rsplit("-", 1)[0] + "-c1")
+    earlier.mkdir(parents=True)  # an earlier conversion of the same GGUF: replaced, not left beside it
     out = gguf_cache_dir(default_model_path())
+    assert not earlier.exists() and out.is_dir()
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert meta["format"] == "pt"  # transformers 4 refuses a safetensors file without it
+    local = str(default_model_path().parent)
+    assert not any(local in v for v in meta.values())  # no path of this machine
+    assert not any(local in p.read_text() for p in out.glob("*.json"))
     config = json.loads((out / "config.json").read_text())
     assert config["torch_dtype"] == config["dtype"] == "bfloat16"
     assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"

@@ -22,9 +22,29 @@ def test_specforge_and_sharegpt_conversations_give_their_first_user_turn(tmp_pat
     assert (b.id, b.messages) == ("b", ({"role": "user", "content": "Why?"},))
 
 
+def test_a_conversation_that_opens_with_an_answer_asks_its_first_user_turn(tmp_path, caplog):
+    """ShareGPT dumps often start mid-chat: the leading assistant turns are left out (as SpecForge does),
+    counted, and said once per file; the file is not refused."""
+    from specdecode.training.data import read_prompt_file
+
+    f = tmp_path / "p.jsonl"
+    rows = [{"conversations": [{"from": "gpt", "value": "Hi, how can I help?"}, {"from": "gpt", "value": "Hello?"},
+                               {"from": "human", "value": "Why is the sky blue?"}, {"from": "gpt", "value": "..."}]},
+            {"conversations": [{"from": "human", "value": "Name a colour."}]}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = read_prompts(f)
+    assert a.messages == ({"role": "user", "content": "Why is the sky blue?"},) and a.dropped_turns == 2
+    assert b.dropped_turns == 0
+    with caplog.at_level("WARNING"):
+        records = read_prompt_file(f)
+    assert len(records) == 2 and "2 conversation(s) opened with an assistant turn" in caplog.text
+
+
 @pytest.mark.parametrize("conversation,words", [
     ([{"from": "robot", "value": "x"}], "unknown speaker 'robot'"),
     ([{"from": "gpt", "value": "x"}], "no user turn before the first answer"),
+    ([{"from": "system", "value": "s"}, {"from": "gpt", "value": "x"}, {"from": "human", "value": "q"}],
+     "no user turn before the first answer"),
     ([{"from": "human"}], "has no text"),
     ("hello", "must be a list of turns"),
 ])

@@ -77,6 +77,13 @@ def test_export_writes_the_conversations_the_target_answered(tmp_path, tokenizer
         ids, _ = ds.read(index[row["id"]])
         rendered = tokenizer.encode(tokenizer.hf.apply_chat_template(row["conversations"], tokenize=False))
         assert rendered[:len(ids)] == ids
+    # an answer cut at the token limit: left out, or marked for a filter of one's own
+    dropped = export_specforge(ds, tokenizer, tmp_path / "d.jsonl", cut_answers="drop")
+    assert dropped.written == 3 and dropped.skipped["the answer stopped at the token limit (--cut-answers drop)"] == 1
+    assert "s2" not in (tmp_path / "d.jsonl").read_text()
+    export_specforge(ds, tokenizer, tmp_path / "m.jsonl", cut_answers="mark")
+    marked = {r["id"]: r for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines())}
+    assert marked["s2"]["answer_cut"] is True and "answer_cut" not in marked["s0"]
     heldout = export_specforge(ds, tokenizer, tmp_path / "h.jsonl", split="heldout")
     written = [json.loads(line)["id"] for line in (tmp_path / "h.jsonl").read_text().splitlines()]
     assert heldout.written == 2 and written == ["s0", "s4"]

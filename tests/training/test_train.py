@@ -416,6 +416,32 @@ def test_init_from_a_trained_drafter_continues_from_its_weights(tiny_setup):
     assert proc.returncode != 0 and "pass --draft-vocab-size 64" in proc.stderr
 
 
+def test_a_variant_continues_a_trained_drafter_and_is_written_for_vllm(tiny_setup):
+    """--variant fc_norm,norm_output (EAGLE-3.1) from a plain drafter: its weights carried over, the new
+    per-tap norms set to the taps' median RMS, and the result written in the speculators layout that loads
+    back as that variant."""
+    model_dir, data, tmp = tiny_setup
+    first = tmp / "first"
+    assert subprocess.run(train_cmd(model_dir, data, first, "--max-steps", "2"), timeout=300).returncode == 0
+    out = tmp / "v31"
+    proc = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "2", "--lr", "0", "--select", "last",
+                                    "--init-from", str(first), "--variant", "fc_norm,norm_output"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["fc_norm"] and cfg["norm_output"]
+    a, b = load_file(str(first / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k.replace("midlayer.", "layers.0.")]) for k in a)  # lr 0: carried over
+    scales = [b[f"fc_norm.{i}.weight"] for i in range(3)]
+    assert all(bool((s == s[0]).all()) and float(s[0]) > 0 for s in scales)
+    assert len({float(s[0]) for s in scales}) > 1  # each tap its own scale (two of the tiny taps are one layer)
+    target = load_hf_dir(model_dir, torch.float64, "cpu")
+    assert load_drafter(out, target).config.variant == ("fc_norm", "norm_output")
+    bad = subprocess.run(train_cmd(model_dir, data, tmp / "bad", "--max-steps", "1", "--variant", "fc_nrom"),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "use flags among fc_norm" in bad.stderr
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_training_precision_follows_the_device(monkeypatch, fast):
     """bf16 (target and autocast) only where the device computes it natively: emulated on an
@@ -507,6 +533,36 @@ def test_token_alignable_loss_counts_a_step_only_where_the_earlier_steps_reached
     torch.testing.assert_close(total, (r0.loss + 0.8 * r1.loss + 0.64 * r2.loss).float())
     plain, _, _, _ = ttt_loss(drafter, outs, tb, valid, loss_mask, 0.8)
     assert not torch.allclose(plain, total)
+
+
+def test_tv_weight_mixes_the_total_variation_into_each_steps_loss(tiny_setup):
+    """DSpark's loss (--tv-weight w): (1 - w) soft CE + w 0.5 sum |p - q|, computed here from the
+    draft's logits and the target's probabilities directly; w = 0 is the CE alone."""
+    from specdecode.training.trainer import TrainConfig, build_drafter
+    from specdecode.training.ttt import collate, needed_positions, shift_left, step_result, target_batch, ttt_forward
+
+    model_dir, data, tmp = tiny_setup
+    target = load_hf_dir(model_dir, torch.float64, "cpu")
+    ds = DataSet(data)
+    d2t, t2d, _ = draft_vocab(torch.bincount(torch.randint(0, 101, (500,), generator=torch.Generator().manual_seed(0)),
+                                             minlength=101).numpy(), 64)
+    t2d_index = torch.full((101,), -1, dtype=torch.long)
+    t2d_index[t2d] = torch.arange(64)
+    drafter = build_drafter(target, d2t, t2d, TrainConfig(data="", out="", init_from_target=False))
+    tokens, valid, loss_mask = collate(ds, ds.samples("train"), list(range(8)), 64, None)
+    tb = target_batch(target, tokens, needed_positions(valid, loss_mask), target.config.eagle3_aux_layer_ids, t2d,
+                      t2d_index)
+    h = ttt_forward(drafter, tokens, valid, tb, 2)[1]
+    ce = step_result(drafter, h, tb, valid, loss_mask, 1).loss
+    b, i = shift_left(loss_mask & valid, 3, fill=False).nonzero(as_tuple=True)
+    q = torch.softmax(drafter.lm_head(drafter.norm(h[b, i])).float(), -1)
+    tv = 0.5 * (tb.probs[tb.row[b, i + 2]].float() - q).abs().sum(-1).mean()
+    assert 0 < float(tv.detach()) < 1
+    torch.testing.assert_close(step_result(drafter, h, tb, valid, loss_mask, 1, tv_weight=1.0).loss, tv)
+    torch.testing.assert_close(step_result(drafter, h, tb, valid, loss_mask, 1, tv_weight=0.9).loss,
+                               0.1 * ce + 0.9 * tv)
+    with pytest.raises(ValueError, match="tv_weight"):
+        TrainConfig(data="", out="", tv_weight=1.5)
 
 
 def test_eval_data_is_evaluated_beside_the_held_out_split_and_not_selected_on(tiny_setup):
