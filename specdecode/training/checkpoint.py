@@ -62,7 +62,8 @@ def load_checkpoint(path: Path, drafter: Eagle3Drafter, opt: torch.optim.Optimiz
         raise ValueError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e}); delete it to start over") from None
     saved_cfg = {"skip_samples": 0} | state.get("config", {})  # checkpoints from before --skip-samples skipped none
     for key in RESUME_KEYS:
-        if key in saved_cfg and saved_cfg[key] != settings[key]:
+        now = list(settings[key]) if isinstance(settings[key], tuple) else settings[key]  # JSON has lists
+        if key in saved_cfg and saved_cfg[key] != now:
             raise ValueError(f"{path}: checkpoint was made with {key}={saved_cfg[key]!r}, this run has "
                              f"{settings[key]!r}; use the same settings or a new --out")
     try:
