@@ -28,6 +28,10 @@ from specdecode.core.kernels import Linear
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import MLP, Attention, ModelConfig, RMSNorm, Transformer
 
+# a variant's flags: their checkpoint names (SpecForge's, speculators') -> DrafterConfig's fields
+VARIANT_FLAGS = {"fc_norm": "fc_norm", "norm_before_fc": "norm_before_fc",
+                 "norm_before_residual": "norm_before_residual", "norm_output": "feed_normed"}
+
 
 @dataclass
 class DrafterConfig:
@@ -47,9 +51,7 @@ class DrafterConfig:
     @property
     def variant(self) -> tuple[str, ...]:
         """The flags set, by their checkpoint names (empty: EAGLE-3 as published)."""
-        names = {"fc_norm": self.fc_norm, "norm_before_fc": self.norm_before_fc,
-                 "norm_before_residual": self.norm_before_residual, "norm_output": self.feed_normed}
-        return tuple(k for k, v in names.items() if v)
+        return tuple(name for name, field in VARIANT_FLAGS.items() if getattr(self, field))
 
     @property
     def vocab_size(self) -> int:
@@ -173,10 +175,6 @@ class Eagle3Drafter(nn.Module):
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped in torch's stubs; calling runs forward
         __call__ = forward
-
-
-VARIANT_FLAGS = {"fc_norm": "fc_norm", "norm_before_fc": "norm_before_fc",
-                 "norm_before_residual": "norm_before_residual", "norm_output": "feed_normed"}
 
 
 def with_variant(config: DrafterConfig, variant: Sequence[str]) -> DrafterConfig:

@@ -472,7 +472,7 @@ def train(cfg: TrainConfig, on_progress: OnTrainProgress | None = None) -> dict[
                         bool(state.get("stopped_early")), {k: v.accept_length for k, v in others.items()}))
 
     t_start = time.perf_counter()
-    if cfg.init_from and cfg.variant and not resumed:  # the variant's new norms, from the first batch's taps
+    if cfg.variant and not resumed:  # the variant's new input norms, from the first batch's taps
         tokens, valid, loss_mask = collate(ds, rows, make_batches(rows, cfg, 0)[0], cfg.max_len, tokens_mm, device)
         scale_new_norms(drafter, target_batch(target, tokens, needed_positions(valid, loss_mask), aux, t2d,
                                               t2d_index).hidden)
