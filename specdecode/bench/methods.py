@@ -2,7 +2,8 @@
 the methods themselves. A method string is ``baseline``, ``hf``, ``llamacpp`` (llama.cpp on the
 same GGUF), ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
 ``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids), or
-``llamaserver[:spec=eagle3,n_max=N]`` (llama.cpp's llama-server, started by bench: ``bench.llamaserver``);
+``llamaserver[:spec=eagle3,n_max=N]`` (llama.cpp's llama-server, started by bench: ``bench.llamaserver``),
+``openvino[:spec=eagle3|prompt_lookup,...]`` (OpenVINO GenAI: ``bench.openvino``);
 ``baseline`` and ``eagle3`` take ``compile=on|off`` (compiled or eager steps for that method alone,
 whatever ``--compile`` says: both in one interleaved run);
 ``eagle3`` with no parameters is the shape ``generate`` decodes with (``--spec-config auto``: chosen
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from specdecode.bench.llamaserver import build_llamaserver
+from specdecode.bench.openvino import OpenVINOMethod, check_openvino
 from specdecode.bench.output import Method, RunOutput
 from specdecode.bench.remote.request import RequestResult, stream_one
 from specdecode.bench.remote.run import RemoteError, list_models, normalize_endpoint
@@ -52,6 +54,10 @@ METHODS = (
     ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]",
      "llama.cpp's llama-server started by bench, plain or with its EAGLE-3 and our drafter, and with its own n-gram "
      "drafts (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) beside it or alone"),
+    ("openvino[:spec=eagle3|prompt_lookup,draft_tokens=N,ngram=M,precision=default|f32,weights=gguf|f32,"
+     "drafter=PATH]",
+     "OpenVINO GenAI on the target (and our drafter) exported to OpenVINO IR once: plain, its EAGLE-3 or its prompt "
+     "lookup; precision=default keeps its CPU defaults (not lossless), f32 asks for float32"),
     ("served:url=URL[,model=NAME]", "a running OpenAI-compatible server, same token ids"),
 )
 
@@ -314,6 +320,8 @@ def check_method(spec: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"method {spec!r}: compile must be on or off")
     if name == "eagle3":
         method_decoder_spec(spec)
+    if name == "openvino":
+        check_openvino(spec, params)
     if name == "served" and ("url" not in params or set(params) - {"url", "model"}):
         raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
     return name, params
@@ -339,8 +347,9 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
     if name == "llamaserver":
         return build_llamaserver(spec, params, session.loaded.source, session.threads, drafter_path,
                                  session.loaded.tokenizer.eos_token_ids)
+    if name == "openvino":
+        return OpenVINOMethod(spec, params, session.loaded.source, session.threads, drafter_path)
     if name == "served":
-
         try:
             return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
         except RemoteError as e:

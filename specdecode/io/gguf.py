@@ -308,46 +308,61 @@ def q4_blocks(raw: Any, kind: str, rows: int, cols: int) -> tuple[Tensor, Tensor
     return torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d), torch.from_numpy(zeros)
 
 
+def q8_blocks(raw: Any, rows: int, cols: int) -> tuple[Tensor, Tensor]:
+    """A Q8_0 tensor's raw bytes (blocks of 32: fp16 d, then 32 int8) -> (q [rows, cols] int8, scales
+    [rows, cols / 32] float32) with w = q * scale."""
+    import numpy as np
+
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // 32, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
+    return torch.from_numpy(q), torch.from_numpy(d)
+
+
+# our fused linear layers -> the GGUF tensors they are made of, in order
+Q4_PROJECTIONS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
+                  "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
+
+
+def q4_layer_blocks(index: GGUFIndex, layer: int, proj: str) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Layer ``layer``'s fused linear ``proj`` (``Q4_PROJECTIONS``) as the file's own 4-bit blocks (q, scale,
+    zero) in our row order (Q/K rows un-permuted as the loader does), or None when a part is not Q4_0/Q4_1."""
+    n_heads = int(index.field("llama.attention.head_count"))
+    n_kv = int(index.field("llama.attention.head_count_kv", n_heads))
+    parts = []
+    for kind in Q4_PROJECTIONS[proj]:
+        t = index.tensors.get(f"blk.{layer}.{kind}.weight")
+        if t is None or t.kind not in _Q4_BLOCK_BYTES:
+            return None
+        cols, rows = t.shape  # ggml order: fastest-varying first
+        q, s, z = q4_blocks(index.raw(f"blk.{layer}.{kind}.weight"), t.kind, rows, cols)
+        if kind in ("attn_q", "attn_k"):
+            heads = n_heads if kind == "attn_q" else n_kv
+            q, s, z = (_unpermute_rope_rows(x, heads) for x in (q, s, z))
+        parts.append((q, s, z))
+    q, s, z = (torch.cat([p[i] for p in parts]) for i in range(3))
+    return q, s, z
+
+
 def apply_gguf_q4(model: nn.Module, gguf_path: Path, dtype: torch.dtype) -> int:
     """Replace ``model``'s fused linear layers (qkv, o, gate_up, down of every layer) whose GGUF
     tensors are all Q4_0/Q4_1 with ``core.quant.Int4Linear`` on the file's own blocks (Q/K rows
     un-permuted as the loader does). Returns how many layers changed; the caller puts the rest
     (e.g. a Q8_0 lm_head) in another format."""
-
-
     if not isinstance(model, Transformer):
         raise TypeError("apply_gguf_q4 takes a core.model.Transformer")
     index = gguf_index(gguf_path)
-    n_heads = int(index.field("llama.attention.head_count"))
-    n_kv = int(index.field("llama.attention.head_count_kv", n_heads))
 
-    def blocks(name: str) -> tuple[Tensor, Tensor, Tensor] | None:
-        t = index.tensors.get(name)
-        if t is None or t.kind not in _Q4_BLOCK_BYTES:
-            return None
-        cols, rows = t.shape  # ggml order: fastest-varying first
-        q, s, z = q4_blocks(index.raw(name), t.kind, rows, cols)
-        kind = name.split(".")[2]
-        if kind in ("attn_q", "attn_k"):
-            heads = n_heads if kind == "attn_q" else n_kv
-            q, s, z = (_unpermute_rope_rows(x, heads) for x in (q, s, z))
-        return q, s, z
-
-    def fused(*names: str) -> Int4Linear | None:
-        parts = [blocks(n) for n in names]
-        if any(p is None for p in parts):
-            return None
-        q, s, z = (torch.cat([p[i] for p in parts if p is not None]) for i in range(3))
-        return Int4Linear(q, s, z, dtype)
+    def fused(layer: int, proj: str) -> Int4Linear | None:
+        blocks = q4_layer_blocks(index, layer, proj)
+        return None if blocks is None else Int4Linear(*blocks, dtype)
 
     changed = 0
     for i, layer in enumerate(model.layers):
         layer = cast(DecoderLayer, layer)
         attn, mlp = layer.self_attn, layer.mlp
-        swaps = ((attn, "qkv_proj", fused(*(f"blk.{i}.attn_{n}.weight" for n in "qkv"))),
-                 (attn, "o_proj", fused(f"blk.{i}.attn_output.weight")),
-                 (mlp, "gate_up_proj", fused(f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight")),
-                 (mlp, "down_proj", fused(f"blk.{i}.ffn_down.weight")))
+        swaps = ((attn, "qkv_proj", fused(i, "qkv_proj")), (attn, "o_proj", fused(i, "o_proj")),
+                 (mlp, "gate_up_proj", fused(i, "gate_up_proj")), (mlp, "down_proj", fused(i, "down_proj")))
         for parent, attr, new in swaps:
             if new is not None:
                 old = getattr(parent, attr)
