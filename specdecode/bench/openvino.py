@@ -101,15 +101,15 @@ class OpenVINOMethod:
 
     @staticmethod
     def spec_stats(res: Any, generated: int) -> dict[str, Any]:
-        """GenAI's counters in our terms: every token is an accepted draft or the one a target forward adds, so
-        forwards = tokens - accepted (as ``bench.llamaserver``)."""
-        metrics = getattr(res, "extended_perf_metrics", None)
-        if metrics is None or not hasattr(metrics, "get_num_accepted_tokens"):
-            return {}
-        accepted = int(metrics.get_num_accepted_tokens())
-        drafted = int(metrics.draft_model_metrics.get_num_generated_tokens())
-        cycles = generated - accepted
+        """GenAI's counters in our terms: each target forward adds one step of tokens (``m_batch_sizes``, the
+        prefill's one included), so forwards = steps and accepted = tokens - forwards (as ``bench.llamaserver``);
+        drafted only where GenAI counts it (EAGLE-3's draft model, not prompt lookup)."""
+        cycles = len(res.perf_metrics.raw_metrics.m_batch_sizes)
         if cycles <= 0:
             return {}
-        return {"cycles": cycles, "accept_length": generated / cycles, "drafted": drafted, "accepted": accepted,
-                "accept_rate": accepted / drafted if drafted else 0.0}
+        out: dict[str, Any] = {"cycles": cycles, "accept_length": generated / cycles, "accepted": generated - cycles}
+        metrics = getattr(res, "extended_perf_metrics", None)
+        if metrics is not None and hasattr(metrics, "draft_model_metrics"):
+            drafted = int(metrics.draft_model_metrics.get_num_generated_tokens())
+            out |= {"drafted": drafted, "accept_rate": (generated - cycles) / drafted if drafted else 0.0}
+        return out

@@ -83,5 +83,7 @@ def summarize(records: list[dict], methods: list[str]) -> list[dict]:
         if spec:
             cycles = sum(r["cycles"] for r in spec)
             rows[-1]["accept_length"] = sum(r["accept_length"] * r["cycles"] for r in spec) / cycles
-            rows[-1]["accept_rate"] = statistics.fmean(r["accept_rate"] for r in spec)
+            rates = [r["accept_rate"] for r in spec if "accept_rate" in r]  # a method may not count its drafts
+            if rates:
+                rows[-1]["accept_rate"] = statistics.fmean(rates)
     return rows

@@ -1,5 +1,6 @@
 """`specdecode export`: write a drafter for SGLang and vLLM (``integrations.export.export_drafter``) or
-as llama.cpp's EAGLE-3 GGUF (``io.llamacpp.export_drafter_gguf``)."""
+as llama.cpp's EAGLE-3 GGUF (``io.llamacpp.export_drafter_gguf``), or with the target as OpenVINO IR
+(``io.openvino.export_openvino``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.integrations.export import ENGINES, FORMATS
 from specdecode.io.checkpoints import check_drafter_dir
 from specdecode.io.llamacpp import GGUF_OUTTYPES
+from specdecode.io.openvino import OV_WEIGHTS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,11 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
              "so one file serves every engine; or (--format gguf) as llama.cpp's EAGLE-3 GGUF for "
              "llama-server --spec-type draft-eagle3")
     p = sub.add_parser("export", help=SUBCOMMANDS["export"][1], description=about)
-    p.add_argument("--format", choices=(*FORMATS, "gguf"), required=True,
+    p.add_argument("--format", choices=(*FORMATS, "gguf", "openvino"), required=True,
                    help="the engine it is for: sglang and vllm get the same directory (it carries both engines' "
                         "lists; a variant head is written as speculators); speculators: vLLM's speculators layout "
                         "(RedHat's checkpoints); gguf: one file for llama.cpp (target layers, q/k in GGML's RoPE "
-                        "layout, absolute d2t, the target GGUF's tokenizer)")
+                        "layout, absolute d2t, the target GGUF's tokenizer); openvino: OpenVINO IR of the target and "
+                        "the drafter, OUT/target and OUT/draft, for OpenVINO GenAI's LLMPipeline (needs the "
+                        "[openvino] extra)")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     p.add_argument("--out", required=True,
                    help="output directory (config.json + model.safetensors), or the .gguf file for --format gguf")
@@ -29,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="remove what --out holds first instead of refusing a non-empty directory or an existing file")
     p.add_argument("--outtype", choices=GGUF_OUTTYPES, default="f32",
                    help="--format gguf: the 2-D weights' type (norms stay f32; default: f32)")
+    p.add_argument("--ov-weights", choices=OV_WEIGHTS, default="gguf",
+                   help="--format openvino: gguf keeps the GGUF's 4- and 8-bit blocks as OpenVINO's compressed "
+                        "weights (default); f32 writes every weight in float32")
     p.add_argument("--aux-layer-convention", choices=ENGINES, default=None,
                    help="how to read the SOURCE drafter's explicit aux ids when it does not record it")
     # only the target: the export reads it in float32 on the CPU whatever the runtime flags would say
@@ -53,6 +60,16 @@ def run(args: argparse.Namespace) -> int:
               f"hidden states entering those target layers), draft vocabulary {g['draft_vocab']}, the target's "
               f"tokenizer ({g['tokenizer_keys']} keys); run it with llama-server -m TARGET.gguf -md {g['out']} "
               "--spec-type draft-eagle3")
+        return 0
+    if args.format == "openvino":
+        from specdecode.io.openvino import export_openvino
+
+        ov = export_openvino(args.model, args.drafter, args.out, args.ov_weights)
+        print(f"wrote {ov.target} and {ov.draft} for OpenVINO GenAI ({ov.weights} weights, largest weight difference "
+              f"from ours {ov.weight_error:.1e}): GenAI taps the outputs of target layers {ov.hidden_layers} (the "
+              f"inputs of layers {[i + 1 for i in ov.hidden_layers]}, as the drafter was trained); run it with "
+              f"openvino_genai.LLMPipeline('{ov.target}', 'CPU', draft_model=openvino_genai.draft_model('{ov.draft}', "
+              "'CPU'))")
         return 0
     info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention)
     taps = info["taps_entering_layers"]

@@ -1,18 +1,9 @@
 """OpenVINO IR of a target and our EAGLE-3 drafter, laid out the way OpenVINO GenAI's ``LLMPipeline`` reads them
-(``export --format openvino``; the ``openvino`` bench method runs them).
-
-The graphs are built here, op by op, from our own readers: no optimum-intel, whose pins (transformers < 5.6,
-torchvision) would replace this project's torch and transformers. What GenAI needs of them (read in its sources):
-- both models stateful, each layer's past keys and values a ``ReadValue -> Gather(beam_idx) -> Concat -> SDPA``
-  chain, which GenAI rewrites to paged attention (on the CPU a draft model always runs that way);
-- the target's decoder-layer outputs are found by name (``layers.{i}/``) on the MLP residual ``Add`` whose second
-  input is a ``MatMul`` of a ``Multiply``; the draft's by ``midlayer``;
-- the draft IR holds the token embedding (GenAI swaps in the target's), ``fc`` as the first ``MatMul`` of the
-  ``hidden_states`` input (GenAI moves it into the target), ``d2t`` as an i64 constant output, and in its rt_info
-  ``eagle3_mode`` and ``hidden_layers_list``: GenAI taps the *outputs* of those layers, i.e. the inputs of ours + 1.
-
-Weights: ``gguf`` keeps a GGUF's 4-bit (Q4_0/Q4_1) and 8-bit (Q8_0) blocks as OpenVINO's group-wise compressed
-weights (u4 / i8 with a scale per 32, a Q4_1 block's minimum as a float zero point: ``weight_error`` says how
+(``export --format openvino``; the ``openvino`` bench method runs them). The graphs are built here op by op from
+our own readers, not by optimum-intel, whose pins (transformers < 5.6, torchvision) would replace this project's
+torch and transformers. What GenAI looks for in them (stateful KV chains, layer outputs found by name, ``fc``,
+``d2t``, the rt_info keys) is listed in docs/interop.md. Weights: ``gguf`` keeps a GGUF's Q4_0/Q4_1/Q8_0 blocks as
+OpenVINO's group-wise compressed weights (a Q4_1 block's minimum as a float zero point: ``weight_error`` says how
 close); everything else, and ``f32``, stays float32."""
 
 from __future__ import annotations
