@@ -172,7 +172,7 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
     import torch
 
     versions: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
-    for lib in ("transformers", "numpy", "gguf", "safetensors", "llama_cpp"):
+    for lib in ("transformers", "numpy", "gguf", "safetensors", "llama_cpp", "openvino", "openvino_genai"):
         mod = sys.modules.get(lib)
         if mod is not None:
             versions[lib] = getattr(mod, "__version__", None)
