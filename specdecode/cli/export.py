@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "openvino":
         from specdecode.io.openvino import export_openvino
 
-        ov = export_openvino(args.model, args.drafter, args.out, args.ov_weights)
+        ov = export_openvino(args.model, args.drafter, args.out, args.ov_weights,
+                             convention=args.aux_layer_convention)
         print(f"wrote {ov.target} and {ov.draft} for OpenVINO GenAI ({ov.weights} weights, largest weight difference "
               f"from ours {ov.weight_error:.1e}): GenAI taps the outputs of target layers {ov.hidden_layers} (the "
               f"inputs of layers {[i + 1 for i in ov.hidden_layers]}, as the drafter was trained); run it with "

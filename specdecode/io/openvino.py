@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,13 +24,13 @@ from torch import Tensor
 from specdecode.core.attention import rope_inv_freq
 from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.model import ModelConfig
-from specdecode.io.checkpoints import load_drafter
+from specdecode.io.checkpoints import Convention, load_drafter
 from specdecode.io.gguf import gguf_index, q4_layer_blocks, q8_blocks
 from specdecode.io.loading import LoadedModel, load_model
-from specdecode.io.paths import cache_root, default_drafter_path, dir_digest, file_fingerprint
+from specdecode.io.paths import cache_root, dir_digest, file_fingerprint, shipped_drafter_for
 
 OV_WEIGHTS = ("gguf", "f32")
-OV_EXPORT_VERSION = "ov-1"  # bump when what export_openvino writes changes (the bench method's cache key)
+OV_EXPORT_VERSION = "ov-1"  # recorded in export.json: bump when the layout of what export_openvino writes changes
 TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_tokenizer.bin", "openvino_detokenizer.xml",
                    "openvino_detokenizer.bin")
 
@@ -39,6 +40,7 @@ def openvino_modules() -> tuple[Any, Any]:
     try:
         import openvino as ov
         import openvino.opset13 as ops
+        import openvino_tokenizers  # noqa: F401  (the export writes GenAI's tokenizer with it)
     except ImportError as e:
         raise ValueError(f"OpenVINO is not installed ({e}): pip install 'specdecode[openvino]'") from None
     return ov, ops
@@ -140,8 +142,9 @@ class Graph:
         x = ops.multiply(x, ops.convert(s, np.float32))
         return ops.reshape(x, self.const([rows, cols], np.int64), False)
 
-    def linear(self, x: Any, w: Any) -> Any:
-        return self.ops.matmul(x, w, False, True)
+    def linear(self, x: Any, w: Any, bias: Tensor | None = None) -> Any:
+        y = self.ops.matmul(x, w, False, True)
+        return y if bias is None else self.ops.add(y, self.const(bias.float().numpy()))
 
     def rms_norm(self, x: Any, w: Tensor) -> Any:
         ops = self.ops
@@ -177,13 +180,13 @@ class Graph:
         rotated = ops.concat([half.output(1), half.output(0)], -1)  # with the signed sin: rotate_half
         return ops.add(ops.multiply(x, self.cos), ops.multiply(rotated, self.sin))
 
-    def attention(self, x: Any, layer: int, qkv: Any, o: Any) -> Any:
+    def attention(self, x: Any, layer: int, qkv: Any, o: Any, qkv_bias: Tensor | None = None) -> Any:
         """x [B, T, in] -> [B, T, H]; this layer's keys and values go to state (past_key_values.{layer}.*)."""
         from openvino import PartialShape
 
         ops, c = self.ops, self.cfg
         nq, nkv, d = c.num_heads, c.num_kv_heads, c.head_dim
-        parts = ops.variadic_split(self.linear(x, qkv), self.const(-1, np.int64),
+        parts = ops.variadic_split(self.linear(x, qkv, qkv_bias), self.const(-1, np.int64),
                                    self.const([nq * d, nkv * d, nkv * d], np.int64))
 
         def heads(t: Any, n: int) -> Any:  # [B, T, n*d] -> [B, n, T, d]
@@ -227,8 +230,9 @@ class Graph:
 
 
 def target_weights(loaded: LoadedModel, weights: str) -> dict[str, Tensor | Blocks]:
-    """name -> weight of the target's graph: the GGUF's own blocks where it has Q4/Q8 ones (``weights="gguf"``),
-    else our loaded float32 tensors (Q/K rows in our order, as the loader makes them)."""
+    """name -> weight of the target's graph: with ``weights="gguf"`` the GGUF's own blocks where a layer's fused
+    linear is all Q4_0/Q4_1 and where the token embedding is Q8_0; everything else our loaded float32 tensors (Q/K
+    rows in our order, as the loader makes them)."""
     out: dict[str, Tensor | Blocks] = dict(loaded.model.state_dict())
     source = loaded.source
     if weights != "gguf" or source.suffix.lower() != ".gguf":
@@ -238,7 +242,8 @@ def target_weights(loaded: LoadedModel, weights: str) -> dict[str, Tensor | Bloc
         for proj, parent in (("qkv_proj", "self_attn"), ("o_proj", "self_attn"), ("gate_up_proj", "mlp"),
                              ("down_proj", "mlp")):
             blocks = q4_layer_blocks(index, i, proj)
-            if blocks is not None:
+            if blocks is not None and not bool(((blocks[1] == 0) & (blocks[2] != 0)).any()):
+                # (a block of one nonzero value, scale 0, has no zero point: that tensor stays float32)
                 out[f"layers.{i}.{parent}.{proj}.weight"] = q4_as_blocks(*blocks)
     t = index.tensors.get("token_embd.weight")
     if t is not None and t.kind == "Q8_0":
@@ -248,22 +253,46 @@ def target_weights(loaded: LoadedModel, weights: str) -> dict[str, Tensor | Bloc
     return out
 
 
-def build_target(ov_ops: Any, cfg: ModelConfig, w: dict[str, Tensor | Blocks]) -> Any:
+class Weights:
+    """A state dict read by name, which remembers what was read: a graph that leaves a weight unread would
+    compute something else than the model (``unread`` names them)."""
+
+    def __init__(self, state: dict[str, Tensor | Blocks]) -> None:
+        self.state, self.read = state, set[str]()
+
+    def __getitem__(self, name: str) -> Any:
+        self.read.add(name)
+        return self.state[name]
+
+    def get(self, name: str) -> Any:
+        return self[name] if name in self.state else None
+
+    def check_all_read(self, source: str, ignore: tuple[str, ...] = ()) -> None:
+        unread = sorted(k for k in set(self.state) - self.read if not k.endswith(ignore))
+        if unread:
+            more = " ..." if len(unread) > 4 else ""
+            raise ValueError(f"{source}: the OpenVINO graph has no place for {', '.join(unread[:4])}{more}; this "
+                             "architecture cannot be exported to OpenVINO yet")
+
+
+def build_target(ov_ops: Any, cfg: ModelConfig, state: dict[str, Tensor | Blocks], source: str = "target") -> Any:
     g = Graph(ov_ops, cfg)
-    ops = g.ops
+    ops, w = g.ops, Weights(state)
     table = g.weight(w["embed_tokens.weight"], "model.embed_tokens.weight")
     h = ops.gather(table, g.input_ids, g.const(0, np.int64))
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        x = g.rms_norm(h, w[p + "input_layernorm.weight"])  # type: ignore[arg-type]
+        x = g.rms_norm(h, w[p + "input_layernorm.weight"])
         a = g.attention(x, i, g.weight(w[p + "self_attn.qkv_proj.weight"], f"model.{p}qkv"),
-                        g.weight(w[p + "self_attn.o_proj.weight"], f"model.{p}o"))
+                        g.weight(w[p + "self_attn.o_proj.weight"], f"model.{p}o"), w.get(p + "self_attn.qkv_proj.bias"))
         h = ops.add(h, a)
-        x = g.rms_norm(h, w[p + "post_attention_layernorm.weight"])  # type: ignore[arg-type]
+        x = g.rms_norm(h, w[p + "post_attention_layernorm.weight"])
         h = g.mlp_residual(h, x, g.weight(w[p + "mlp.gate_up_proj.weight"], f"model.{p}gate_up"),
                            g.weight(w[p + "mlp.down_proj.weight"], f"model.{p}down"), f"model.layers.{i}/mlp_add")
-    x = g.rms_norm(h, w["norm.weight"])  # type: ignore[arg-type]
-    head = table if cfg.tie_word_embeddings or "lm_head.weight" not in w else g.weight(w["lm_head.weight"], "lm_head")
+    x = g.rms_norm(h, w["norm.weight"])
+    untied = not cfg.tie_word_embeddings and "lm_head.weight" in state
+    head = g.weight(w["lm_head.weight"], "lm_head") if untied else table
+    w.check_all_read(source, ignore=("inv_freq", "lm_head.weight"))
     return g.model(g.linear(x, head))
 
 
@@ -274,7 +303,7 @@ def build_draft(ov_ops: Any, drafter: Eagle3Drafter, embedding: Tensor | Blocks)
     g = Graph(ov_ops, cfg.layer)
     ops = g.ops
     hidden = g.param("hidden_states", np.float32, [-1, -1, -1])
-    st = drafter.state_dict()
+    st = Weights(dict(drafter.state_dict()))
     h = g.linear(hidden, g.weight(st["fc.weight"], "fc.weight"))
     table = g.weight(embedding, "model.embed_tokens.weight")
     emb = ops.gather(table, g.input_ids, g.const(0, np.int64))
@@ -283,13 +312,14 @@ def build_draft(ov_ops: Any, drafter: Eagle3Drafter, embedding: Tensor | Blocks)
     x = ops.concat([g.rms_norm(emb, st[m + "input_layernorm.weight"]), normed], -1)
     residual = normed if cfg.norm_before_residual else h
     a = g.attention(x, 0, g.weight(st[m + "self_attn.qkv_proj.weight"], "midlayer.qkv"),
-                    g.weight(st[m + "self_attn.o_proj.weight"], "midlayer.o"))
+                    g.weight(st[m + "self_attn.o_proj.weight"], "midlayer.o"), st.get(m + "self_attn.qkv_proj.bias"))
     h = ops.add(residual, a)
     x = g.rms_norm(h, st[m + "post_attention_layernorm.weight"])
     h = g.mlp_residual(h, x, g.weight(st[m + "mlp.gate_up_proj.weight"], "midlayer.gate_up"),
                        g.weight(st[m + "mlp.down_proj.weight"], "midlayer.down"), "midlayer/mlp_add")
     logits = g.linear(g.rms_norm(h, st["norm.weight"]), g.weight(st["lm_head.weight"], "lm_head.weight"))
-    d2t = ops.constant(drafter.d2t.cpu().numpy().astype(np.int64), name="d2t")
+    d2t = ops.constant(st["d2t"].cpu().numpy().astype(np.int64), name="d2t")
+    st.check_all_read("the drafter", ignore=("t2d",))
     d2t_out = ops.result(d2t, name="d2t")
     d2t_out.output(0).get_tensor().set_names({"d2t"})
     return g.model(logits, [d2t_out])
@@ -299,8 +329,9 @@ def genai_layers(drafter: Eagle3Drafter) -> list[int]:
     """GenAI's ``hidden_layers_list``: it taps the outputs of these layers, ours tap the inputs of the next."""
     ids = [i - 1 for i in drafter.config.aux_layer_ids]
     if min(ids) < 0:
-        raise ValueError(f"the drafter taps the input of layer 0 (aux ids {list(drafter.config.aux_layer_ids)}); "
-                         "OpenVINO GenAI taps decoder-layer outputs only")
+        raise ValueError(f"the drafter taps the input of layer 0 (aux ids {list(drafter.config.aux_layer_ids)}), "
+                         "the embeddings; OpenVINO GenAI taps decoder-layer outputs only: use a drafter whose aux "
+                         "ids are all >= 1")
     return ids
 
 
@@ -345,23 +376,33 @@ class OpenVINOExport:
                    d["weights"], d["weight_error"])
 
 
+def drafter_for(model: str | None, drafter: str | Path | None, with_drafter: bool) -> Path | None:
+    """The drafter an export writes: the one given, else the one shipped for this model; None without one."""
+    if not with_drafter:
+        return None
+    path = Path(drafter) if drafter else shipped_drafter_for(model)
+    if path is None:
+        raise ValueError("no drafter given and none ships for this model: pass --drafter DIR (or export the target "
+                         "alone)")
+    return path
+
+
 def export_openvino(model: str | None, drafter: str | Path | None, out: str | Path, weights: str = "gguf",
-                    with_drafter: bool = True) -> OpenVINOExport:
-    """Write ``out/target`` (and ``out/draft``) as OpenVINO IR for GenAI: ``LLMPipeline(out/target, "CPU",
-    draft_model=draft_model(out/draft, "CPU"))`` runs EAGLE-3 with no further step."""
+                    with_drafter: bool = True, convention: Convention | None = None) -> OpenVINOExport:
+    """Write ``out/target`` (and ``out/draft``: ``drafter``, else the one shipped for ``model``) as OpenVINO IR for
+    GenAI: ``LLMPipeline(out/target, "CPU", draft_model=draft_model(out/draft, "CPU"))`` runs EAGLE-3 with no
+    further step. Everything GenAI could not run is refused before anything is written."""
     ov, ops = openvino_modules()
     if weights not in OV_WEIGHTS:
         raise ValueError(f"unknown OpenVINO weights {weights!r}; use one of {', '.join(OV_WEIGHTS)}")
     out = Path(out)
     loaded = load_model(model, "float32", "cpu")
     cfg = loaded.model.config
-    head = None
-    if with_drafter:
-        path = drafter or default_drafter_path()
-        if path is None:
-            raise ValueError("no drafter given and no shipped drafter for this model: pass --drafter DIR")
-        head = load_drafter(path, loaded.model)
+    head, path, layers = None, drafter_for(model, drafter, with_drafter), []
+    if path is not None:
+        head = load_drafter(path, loaded.model, convention=convention)
         check_genai_variant(head, str(path))
+        layers = genai_layers(head)
     w = target_weights(loaded, weights)
     ours = loaded.model.state_dict()
     error = max((float(np.abs(b.dequantized() - ours[k].numpy()).max()) for k, b in w.items()
@@ -374,17 +415,15 @@ def export_openvino(model: str | None, drafter: str | Path | None, out: str | Pa
     generation = {"eos_token_id": eos[0] if len(eos) == 1 else eos}
     (target_dir / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
     write_tokenizer(loaded, target_dir)
-    layers: list[int] = []
     draft_dir = None
-    if head is not None:
-        layers = genai_layers(head)
+    if head is not None and path is not None:
         draft_dir = out / "draft"
         draft_dir.mkdir(parents=True, exist_ok=True)
         m = build_draft(ops, head, w["embed_tokens.weight"])
         m.set_rt_info("True", ["eagle3_mode"])
         m.set_rt_info(" ".join(map(str, layers)), ["hidden_layers_list"])  # whitespace-separated: GenAI's reader
         ov.save_model(m, str(draft_dir / "openvino_model.xml"), compress_to_fp16=False)
-        shutil.copy(Path(drafter or default_drafter_path() or "") / "config.json", draft_dir / "config.json")
+        shutil.copy(Path(path) / "config.json", draft_dir / "config.json")
         (draft_dir / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
         for name in TOKENIZER_FILES:  # GenAI reads the target's; a copy keeps the draft directory whole
             shutil.copy(target_dir / name, draft_dir / name)
@@ -393,18 +432,24 @@ def export_openvino(model: str | None, drafter: str | Path | None, out: str | Pa
     return info
 
 
-def cached_export(model_source: Path, drafter: str | Path | None, weights: str = "gguf") -> OpenVINOExport:
-    """The export of this target and drafter under ``$SPECDECODE_CACHE/exports`` (made once: a digest of both
-    and of the export version names it)."""
+def cached_export(model_source: Path, drafter: str | Path | None, with_drafter: bool,
+                  weights: str = "gguf") -> OpenVINOExport:
+    """The export of this target (and drafter) under ``$SPECDECODE_CACHE/exports``, made once. Its name is a digest
+    of the target, the drafter's files, this module's code and OpenVINO's version, so any change makes a new one."""
+    ov, _ = openvino_modules()
+    path = drafter_for(str(model_source), drafter, with_drafter)
     model_key = file_fingerprint(model_source) if model_source.is_file() else dir_digest(model_source)
-    h = hashlib.sha256(f"{OV_EXPORT_VERSION}|{weights}|{model_key}".encode())
-    path = drafter or default_drafter_path()
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    h = hashlib.sha256(f"{weights}|{model_key}|{code}|{ov.__version__}".encode())
     if path is not None:
-        h.update(dir_digest(Path(path)).encode())
+        h.update(dir_digest(path).encode())
     out = cache_root() / "exports" / f"openvino-{h.hexdigest()[:12]}"
     if not (out / "export.json").exists():
-        tmp = out.with_name(out.name + ".partial")  # a run stopped halfway leaves no export behind
+        tmp = out.with_name(f"{out.name}.partial-{os.getpid()}")  # a run stopped halfway leaves no export behind
         shutil.rmtree(tmp, ignore_errors=True)
         export_openvino(str(model_source), path, tmp, weights, with_drafter=path is not None)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished the same export first: use theirs
+            shutil.rmtree(tmp, ignore_errors=True)
     return OpenVINOExport.read(out)

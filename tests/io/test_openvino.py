@@ -71,7 +71,7 @@ def test_genai_runs_our_drafter_as_exported_and_float32_speculation_is_lossless(
     plain = genai.LLMPipeline(str(exported.target), "CPU", **F32)
     spec = genai.LLMPipeline(str(exported.target), "CPU", draft_model=genai.draft_model(str(exported.draft), "CPU"),
                              **F32)
-    accepted = 0
+    accepted = generated = 0
     for prompt in PROMPTS:
         ids = smollm.tokenizer.encode_chat(prompt)
         want = _generate(plain, ids, config)[0]
@@ -80,7 +80,10 @@ def test_genai_runs_our_drafter_as_exported_and_float32_speculation_is_lossless(
         config.num_assistant_tokens = 0
         assert got == want and len(want) == 32
         accepted += res.extended_perf_metrics.get_num_accepted_tokens()
-    assert accepted > 0  # GenAI accepted our drafts: the taps and d2t are wired as trained
+        generated += len(got)
+    # GenAI accepts our drafts as our engine does (about 2 tokens a forward on such prompts): taps, fc and d2t
+    # wired as trained; a miswired head stays near 1
+    assert generated / (generated - accepted) > 1.5
 
 
 def test_what_genai_cannot_run_is_refused_by_name(tmp_path, smollm):
@@ -108,5 +111,30 @@ def test_export_cli_then_bench_runs_openvino_beside_ours(tmp_path):
     rows = {r["method"]: r for r in json.loads(out.read_text())["summary"]}
     assert set(rows) == {"baseline:compile=off", "openvino:precision=f32", "openvino:spec=eagle3,precision=f32",
                          "openvino:spec=prompt_lookup"}
-    for name in ("openvino:spec=eagle3,precision=f32", "openvino:spec=prompt_lookup"):
-        assert rows[name]["samples"] == 1 and rows[name]["accept_length"] >= 1.0
+    assert rows["openvino:spec=eagle3,precision=f32"]["accept_length"] > 1.0
+    assert rows["openvino:spec=prompt_lookup"]["accept_length"] >= 1.0
+    assert "accept_rate" not in rows["openvino:spec=eagle3,precision=f32"]
+
+
+def test_a_target_with_biases_an_untied_head_and_grouped_queries_gives_our_logits(tmp_path):
+    """Qwen2's q/k/v biases, its own lm_head, two queries a kv head: the graph reads every weight or refuses."""
+    from specdecode.io.hf import load_hf_dir
+    from specdecode.io.openvino import Weights, build_target, openvino_modules
+    from tests.helpers import save_tiny_hf
+
+    save_tiny_hf(tmp_path, model_type="qwen2")
+    model = load_hf_dir(tmp_path, torch.float32, "cpu")
+    state = dict(model.state_dict())
+    assert "layers.0.self_attn.qkv_proj.bias" in state and not model.config.tie_word_embeddings
+    _, ops = openvino_modules()
+    request = ov.Core().compile_model(build_target(ops, model.config, state), "CPU", F32).create_infer_request()
+    ids = np.array([[5, 17, 3, 99, 42, 7]], dtype=np.int64)
+    request.infer({"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(6)[None],
+                   "beam_idx": np.zeros(1, np.int32)})
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids), torch.arange(6)[None], model.new_cache(1, 8),
+                           logits_at=torch.arange(6)).logits[0].numpy()
+    assert np.abs(request.get_tensor("logits").data[0] - ref).max() < 1e-4
+    with pytest.raises(ValueError, match="no place for layers.0.self_attn.extra"):
+        build_target(ops, model.config, state | {"layers.0.self_attn.extra": torch.zeros(1)})
+    assert Weights(state).get("nothing") is None
