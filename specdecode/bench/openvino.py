@@ -49,7 +49,7 @@ class OpenVINOMethod:
     def __init__(self, name: str, params: dict[str, str], model_source: Path, threads: int,
                  drafter_path: str | None) -> None:
         check_openvino(name, params)
-        _, _ = openvino_modules()
+        openvino_modules()  # the extra is installed, or a clear error
         try:
             import openvino_genai as genai
         except ImportError as e:
