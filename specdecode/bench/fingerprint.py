@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,11 +163,12 @@ def git_commit() -> str | None:
 def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_paths=(),
             launch_profile: dict | None = None, argv: list[str] | None = None, tensor_parallel: int = 1,
             weights: str = "native", kernels: dict | None = None, compiled: str | None = None,
-            activations: str | None = None) -> dict:
+            activations: str | None = None, drafter_weights: Sequence[str] = ()) -> dict:
     """Everything a tok/s figure depends on besides the code path chosen by the flags.
     ``tensor_parallel``: the ranks sharing the model (``Session.world_size``); ``weights``: the
     weight format (``core.quant``); ``activations``: how quantized layers quantize activations
     (``core.quant.ACTIVATIONS``); ``kernels``: the linear kernels installed (``core.kernels.KernelPlan``);
+    ``drafter_weights``: the drafters' weight formats (``core.quant.DRAFTER_WEIGHT_FORMATS``);
     ``compiled``: whether the target's steps run compiled, and why (``runtime.compiling``; a bench method's
     ``compile=`` is recorded with its rows)."""
     import torch
@@ -198,7 +200,8 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
         "git_commit": git_commit(),
         "model": {"path": str(model_path) if model_path else None, "sha256": file_hash(model_path)},
         "drafter": {"path": ",".join(map(str, drafter_paths)) or None,
-                    "sha256": ",".join(file_hash(p) or "missing" for p in drafter_paths) or None},
+                    "sha256": ",".join(file_hash(p) or "missing" for p in drafter_paths) or None,
+                    "weights": ",".join(drafter_weights) or None},
         "argv": redact_argv(sys.argv if argv is None else argv),
     }
     if launch_profile:
@@ -281,6 +284,7 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
         "torch CPU capability": ((fp.get("torch_config") or {}).get("cpu_capability"), 2, "kernel dispatch"),
         "model file": ((fp.get("model") or {}).get("sha256"), 3, "different weights"),
         "drafter file": ((fp.get("drafter") or {}).get("sha256"), 3, "different drafter: acceptance"),
+        "drafter weights": ((fp.get("drafter") or {}).get("weights"), 3, "drafter format: draft cost, acceptance"),
         "launch profile": ((fp.get("launch_profile") or {}).get("name"), 1, "named environment"),
         "project commit": (fp.get("git_commit"), 2, "code changed"),
         "hostname": (fp.get("hostname"), 1, "different machine"),

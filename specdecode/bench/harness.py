@@ -40,12 +40,15 @@ class BenchConfig(MeasureConfig):
             check_method(spec)
 
 
-def run_fingerprint(session: Session, drafter_paths: Sequence[str] = (), launch_profile: str | None = None) -> dict:
+def run_fingerprint(session: Session, drafter_paths: Sequence[str] = (), launch_profile: str | None = None,
+                    drafter_weights: Sequence[str] = ()) -> dict:
     """The run's fingerprint (see fingerprint.py), with the launch profile and any contradiction
-    between it and the live environment (``fingerprint["launch_profile"]["contradictions"]``)."""
+    between it and the live environment (``fingerprint["launch_profile"]["contradictions"]``);
+    ``drafter_weights``: the drafters' weight formats (``runtime.decoders.load_session_drafter``)."""
     profile = load_profile(launch_profile).record(session.threads) if launch_profile else None
     return capture(threads=session.threads, dtype=session.dtype_name, device=str(session.device),
-                   model_path=session.loaded.source, drafter_paths=sorted(p for p in drafter_paths if p != "random"),
+                   model_path=session.loaded.source, drafter_paths=sorted({p for p in drafter_paths if p != "random"}),
+                   drafter_weights=sorted(set(drafter_weights)),
                    launch_profile=profile, tensor_parallel=session.world_size, weights=session.config.weights,
                    activations=session.config.activations if weight_format(session.config.weights).quantized else None,
                    kernels=session.kernels.summary(),
@@ -163,7 +166,7 @@ def prepare_bench(config: BenchConfig, session: Session) -> LocalBench:
     methods = [build_method(s, session, config.drafter, drafters) for s in specs]
     prompts = config.load_prompts()
     encoded = [encode_prompt(p, session.loaded.tokenizer) for p in prompts]
-    fingerprint = run_fingerprint(session, list(drafters), config.launch_profile)
+    fingerprint = run_fingerprint(session, [p for p, _ in drafters], config.launch_profile, [w for p, w in drafters if p != "random"])
     return LocalBench(config, session, specs, methods, prompts, encoded, fingerprint)
 
 

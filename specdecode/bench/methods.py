@@ -45,10 +45,11 @@ from specdecode.runtime.session import Session
 METHODS = (
     ("baseline[:compile=on|off]", "our plain decoding (the usual reference)"),
     ("eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,ngram=M,budget=0|1,"
-     "compile=on|off]",
+     "compile=on|off,drafter_weights=auto|native|int8|q4]",
      "our EAGLE-3; no parameters: the shape --spec-config auto chooses for this run's steps (generate's, on the "
      "same steps); ngram=M: with up to M tokens a cycle copied from the request's text (generate --ngram); "
-     "budget=1: each cycle verifies what pays (generate --verify-budget)"),
+     "budget=1: each cycle verifies what pays (generate --verify-budget); drafter_weights: the drafter's "
+     "format (generate --drafter-weights)"),
     ("hf", "transformers' generate on the same weights"),
     ("llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF"),
     ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]",
@@ -67,7 +68,7 @@ def methods_help() -> str:
 
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
-EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "ngram", "budget", "compile")
+EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "ngram", "budget", "compile", "drafter_weights")
 
 
 class BaselineMethod:
@@ -284,7 +285,8 @@ def method_decoder_spec(spec: str, drafter_path: str | None = None) -> DecoderSp
     try:
         return DecoderSpec(drafter=params.get("drafter") or drafter_path, config=method_spec_request(spec),
                            adapt=params.get("adapt") == "1", allow_plain=False, ngram=int(ngram),
-                           verify_budget=params.get("budget") == "1")
+                           verify_budget=params.get("budget") == "1",
+                           drafter_weights=params.get("drafter_weights", "auto"))
     except ValueError as e:
         raise ValueError(f"method {spec!r}: {e}") from None
 
@@ -328,7 +330,7 @@ def check_method(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
-                 drafters: dict[str, Eagle3Drafter] | None = None) -> Method:
+                 drafters: dict[tuple[str, str], Eagle3Drafter] | None = None) -> Method:
     """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
     ``served:url=URL[,model=NAME]``."""
     name, params = check_method(spec)

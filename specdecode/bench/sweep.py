@@ -86,7 +86,8 @@ class SweepPlan:
             build_method(s, session, config.drafter, drafters) for s in self.specs]
         self.prompts = config.load_prompts()
         self.encoded = [encode_prompt(p, session.loaded.tokenizer) for p in self.prompts]
-        self.fingerprint = run_fingerprint(session, list(drafters), config.launch_profile)
+        self.fingerprint = run_fingerprint(session, [p for p, _ in drafters], config.launch_profile,
+                                           [w for p, w in drafters if p != "random"])
 
     @property
     def progress_total(self) -> int:

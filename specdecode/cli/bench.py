@@ -224,7 +224,8 @@ def run_batched(args: argparse.Namespace, concurrency: list[int], console: Any) 
                   f"concurrency {rows[0]['concurrency']}); in float32 every row must be n/n, in bfloat16 near-ties "
                   "can flip (docs/reproducibility.md); step ms: a decode step (every row of the batch), "
                   "prefill %: the share of the run spent on prompt chunks between steps")
-    fingerprint = run_fingerprint(session, [decoder.drafter_path] if decoder.drafter_path else [])
+    fingerprint = run_fingerprint(session, [decoder.drafter_path] if decoder.drafter_path else [],
+                                  drafter_weights=[decoder.drafter_weights] if decoder.drafter_weights else [])
     save_and_report(Run(new_run_id(), "bench-batched", now(), fingerprint, rows, [],
                         {"max_new_tokens": args.max_new_tokens, "prompts": len(ids), "decoder": decoder.description}),
                     None if args.no_store else ResultsStore(args.store), args.out, console)

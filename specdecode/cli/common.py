@@ -12,7 +12,7 @@ from typing import Any
 from specdecode.core.compiled import COMPILE_MODES
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.kernels import KERNEL_MODES
-from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS
+from specdecode.core.quant import ACTIVATIONS, DEFAULT_ACTIVATIONS, DRAFTER_WEIGHT_FORMATS
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.checkpoints import check_drafter_dir
@@ -116,6 +116,11 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="each cycle, verify only the drafted tokens whose expected gain (the proposers' confidence, "
                         "calibrated against what was accepted) pays for their verify cost (the measured cycle "
                         "costs); output is unchanged")
+    g.add_argument("--drafter-weights", choices=("auto", *DRAFTER_WEIGHT_FORMATS), default="auto",
+                   help="the drafter's linear layers: native (as loaded, bf16), int8 (per channel) or q4 (4-bit "
+                        "groups of 32), run by the target's integer kernels; auto (default): q4 on a CPU whose "
+                        "target runs 4-bit or int8 weights in bf16, native elsewhere; output is unchanged (the "
+                        "target verifies), acceptance may move")
     g.add_argument("--aux-layer-convention", choices=("sglang", "vllm"), default=None,
                    help="how to read explicit eagle_aux_hidden_state_layer_ids in a drafter config "
                         "(sglang: id = output of layer id; vllm: id = input of layer id)")
@@ -233,6 +238,7 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
                                           ("--adapt", getattr(args, "adapt", False)),
                                           ("--ngram", getattr(args, "ngram", 0) != 0),
                                           ("--verify-budget", getattr(args, "verify_budget", False)),
+                                          ("--drafter-weights", getattr(args, "drafter_weights", "auto") != "auto"),
                                           ("--spec-config static", getattr(args, "spec_config", "auto") == "static"))
                  if given]
         if inert:
@@ -243,7 +249,8 @@ def decoder_spec(args: argparse.Namespace) -> DecoderSpec:
     return DecoderSpec(speculative=not args.no_spec, drafter=args.drafter, config=spec_config(args),
                        aux_layer_convention=args.aux_layer_convention, sync=not args.no_sync,
                        adapt=getattr(args, "adapt", False), ngram=getattr(args, "ngram", 0),
-                       verify_budget=getattr(args, "verify_budget", False))
+                       verify_budget=getattr(args, "verify_budget", False),
+                       drafter_weights=getattr(args, "drafter_weights", "auto"))
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

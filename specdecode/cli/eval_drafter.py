@@ -8,6 +8,7 @@ import json
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import add_model_args, compile_notice, notice, runtime_config
+from specdecode.core.quant import DRAFTER_WEIGHT_FORMATS
 from specdecode.io.checkpoints import check_drafter_dir
 from specdecode.training.dataset import DataSet
 from specdecode.training.evaluate import EvalDrafterConfig
@@ -29,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "with the engine and write acceptance.json into the drafter directory (or --out), what "
                         "--spec-config auto reads")
     p.add_argument("--out", default=None, help="with --acceptance-table: directory for acceptance.json")
+    p.add_argument("--drafter-weights", choices=("auto", *DRAFTER_WEIGHT_FORMATS), default="auto",
+                   help="the format of the drafter the engine measures (generate's --drafter-weights; the trainer's "
+                        "estimate reads the float weights)")
     add_model_args(p)
     p.set_defaults(func=run)
 
@@ -50,10 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
         from specdecode.training.evaluate import AcceptanceTableConfig, acceptance_table
 
-        table = AcceptanceTableConfig(data=tuple(args.data), drafter=args.drafter, samples=args.samples, out=args.out)
+        table = AcceptanceTableConfig(data=tuple(args.data), drafter=args.drafter, samples=args.samples, out=args.out,
+                                      drafter_weights=args.drafter_weights)
         print(json.dumps(acceptance_table(table, session, on_shape=lambda s: print(f"measuring {s}",
                                                                                     file=sys.stderr))))
         return 0
-    cfg = EvalDrafterConfig(data=args.data[0], drafter=args.drafter, depth=args.depth, samples=args.samples)
+    cfg = EvalDrafterConfig(data=args.data[0], drafter=args.drafter, depth=args.depth, samples=args.samples,
+                            drafter_weights=args.drafter_weights)
     print(json.dumps(eval_drafter(cfg, session)))
     return 0

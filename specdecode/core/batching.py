@@ -26,7 +26,7 @@ from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
 from specdecode.core.ngram import NgramIndex
 from specdecode.core.prefixcache import BLOCK, PrefixCache
-from specdecode.core.profiler import CycleRecord, PhaseClock, SpecProfile, TimeMeter
+from specdecode.core.profiler import PHASES, CycleRecord, PhaseClock, SpecProfile, TimeMeter
 from specdecode.core.requests import (
     GenerateOptions,
     StreamChunk,
@@ -138,7 +138,7 @@ class StepReport:
 
     def cycle_records(self) -> list[CycleRecord]:
         """Each row's cycle with the step's phase times (the time every row of the batch waited)."""
-        times = {**self.phases, "total": sum(self.phases.values())}
+        times = {**self.phases, "total": sum(v for k, v in self.phases.items() if k in PHASES)}  # not host, calls
         return [replace(r, times=times) for r in self.cycles]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -43,14 +44,22 @@ def baseline_step_times(target: Transformer, prompt_ids: Sequence[int], steps: i
 
 def shape_cycles(target: Transformer, drafter: Drafter, shape: SpecConfig, prompt_ids: Sequence[int],
                  cycles: int, warmup: int = 1, runner: StepRunner = EAGER) -> list[CycleRecord]:
-    """``cycles`` real cycles of ``shape`` (greedy) after ``warmup``, each with its phase times."""
+    """``cycles`` real cycles of ``shape`` (greedy) after ``warmup``, each with its phase times and ``wall``,
+    the loop's whole step around it."""
     options = GenerateOptions(max_new_tokens=(cycles + warmup + 1) * (shape.max_depth + 1) + 1, stop_token_ids=())
     decoder = Eagle3Decoder(drafter, shape, runner=runner)
     batch = Engine(target, TokenIdsOnly(()), decoder).batch_for(len(prompt_ids), options)
     with torch.inference_mode():  # as Engine.stream
         batch.add(0, prompt_ids, options)
     batch.step(decode=False)
-    records = [r for _ in range(cycles + warmup) for r in batch.step().cycle_records()][warmup:]
+    records = []
+    for _ in range(cycles + warmup):
+        t0 = time.perf_counter()
+        report = batch.step()
+        synchronize(target.device)
+        wall = time.perf_counter() - t0  # the whole step as the loop pays it: the cycle, text, stop checks
+        records += [replace(r, times={**r.times, "wall": wall}) for r in report.cycle_records()]
+    records = records[warmup:]
     if not records:
         raise RuntimeError(f"no speculative cycle ran for shape {shape_key(shape)}")
     return records
@@ -128,7 +137,8 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
     for shape in shapes:
         rs = records[shape_key(shape)]
         draft, verify, other = (_median_ms([r.times.get(p, 0.0) for r in rs]) for p in ("draft", "verify", "other"))
-        costs[shape_key(shape)] = ShapeCost(draft, verify, other, _median_ms(near[shape_key(shape)]))
+        loop = _median_ms([max(0.0, r.times["wall"] - r.times["total"]) for r in rs])
+        costs[shape_key(shape)] = ShapeCost(draft, verify, other, _median_ms(near[shape_key(shape)]), loop)
     deepest = max(s.max_depth for s in shapes) + 1
     isolated = extend_ms(target, drafter, prompt_ids, range(1, deepest + 1), 2 * cycles, runner)
     return CycleCosts(_median_ms([t for seg in segments for t in seg]), costs,

@@ -30,6 +30,7 @@ from specdecode.core.attention import resolve_call
 from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import ForwardOutput, Transformer
+from specdecode.core.quant import QuantizedDispatch
 from specdecode.core.requests import check_context
 from specdecode.core.runner import EAGER, Drafter, StepRunner
 from specdecode.core.speculative import SpecConfig
@@ -76,6 +77,12 @@ def inductor_packs(dtype: torch.dtype, device_type: str) -> bool:
     if dtype == torch.float16:
         return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
     return True
+
+
+def draft_graphs_pay(drafter: Eagle3Drafter, device_type: str) -> bool:
+    """Whether a drafter's steps run compiled: its layers in integer kernels (ops the graph keeps, as the
+    target's), or float layers that inductor packs (``inductor_packs``)."""
+    return isinstance(drafter.lm_head, QuantizedDispatch) or inductor_packs(drafter.dtype, device_type)
 
 
 def padded_rows(rows: int, room: int) -> int:
@@ -185,8 +192,8 @@ class CompiledRunner:
         """Whether a call of ``tokens`` per row runs here (a ``drafter``'s: an EAGLE-3 head, where its graphs
         pay); other calls (prefill chunks, a self-drafter's) run the module's own forward."""
         return (tokens <= self.max_tokens and not torch.is_grad_enabled()
-                and (drafter is None or (isinstance(drafter, Eagle3Drafter)
-                                         and inductor_packs(drafter.dtype, self.device_type))))
+                and (drafter is None
+                     or (isinstance(drafter, Eagle3Drafter) and draft_graphs_pay(drafter, self.device_type))))
 
     def capacity(self, max_len: int) -> int:
         """A cache's size rounded up to a span bucket, so requests of similar lengths share graphs."""
@@ -360,7 +367,7 @@ class CompiledRunner:
             # a verify of the head's tree, and of the tree with an n-gram proposal's nodes (``SpecConfig.ngram``)
             for t in sorted({bucket(n, TOKEN_BUCKETS) for n in range(spec.num_draft_tokens, spec.max_tree + 1)}):
                 self._target(model, *dummy_inputs(B, t, span, model.device), cache, taps)
-            if not inductor_packs(drafter.dtype, self.device_type):
+            if not draft_graphs_pay(drafter, self.device_type):
                 return  # its steps run eager (``serves``)
             width = len(taps) * model.config.hidden_size
             extends = TOKEN_BUCKETS if catch_up else {bucket(t, TOKEN_BUCKETS) for t in range(1, spec.max_depth + 2)}

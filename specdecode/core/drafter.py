@@ -102,13 +102,14 @@ class Eagle3Drafter(nn.Module):
     def embed_tokens(self) -> nn.Embedding:
         return self._embed[0]
 
+    # the final norm's weight: in the compute dtype whatever format the linear layers are in (core.quant)
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.norm.weight.dtype
 
     def new_cache(self, max_len: int, batch_size: int = 1) -> KVCache:
         c = self.config.layer

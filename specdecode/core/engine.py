@@ -116,6 +116,9 @@ class Engine:
         stats: dict[str, Any] = {}
         if profile.cycles:
             stats = profile.to_dict(self.decoder.max_depth or profile.max_depth)
+            # the decode loop's time after the first token outside the cycles (text, stop checks, the step around)
+            stats["loop_ms_per_cycle"] = 1000 * max(0.0, elapsed - (ttft or 0.0) - profile.phase_s["total"]) \
+                / profile.cycles
         if self.comm:  # tensor parallel: the share of time spent in all-reduces
             comm = self.comm.seconds - comm0
             stats["allreduce_ms_per_token"] = 1000 * comm / max(len(ids), 1)

@@ -58,6 +58,11 @@ class PhaseClock:
         self.times[phase] = self.times.get(phase, 0.0) + now - self.last - comm
         self.last = now
 
+    def wait(self) -> None:
+        """What makes a span of time the device's own work (``sync`` on CUDA), for meters inside a phase."""
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+
     def finish(self) -> dict[str, float]:
         """Phase times of this cycle; time not inside a marked phase counts as 'other'."""
         total = self._now() - self.t0
@@ -130,6 +135,9 @@ class SpecProfile:
             "accept_length_histogram": {str(a + 1): c for a, c in sorted(self.depth_hist.items())},
             "phases": {p: {"ms_per_cycle": per_cycle_ms[p], "share": self.phase_s[p] / total} for p in PHASES},
             "cycle_ms": per_cycle_ms["total"],
+            # inside the cycle but outside model calls (core.runner.MeteredRunner), and model calls a cycle
+            "host_ms_per_cycle": 1000 * self.phase_s.get("host", 0.0) / self.cycles if self.cycles else 0.0,
+            "model_calls_per_cycle": self.phase_s.get("calls", 0.0) / self.cycles if self.cycles else 0.0,
             "prefill_ms": 1000 * self.prefill_s,
             "decode_tok_per_s": self.tokens / total if self.cycles else float("nan"),
             **({"shape_changes": [list(c) for c in self.shape_changes]} if self.shape_changes else {}),
@@ -148,6 +156,13 @@ def format_profile(stats: dict[str, Any], title: str = "EAGLE3 profile") -> str:
             continue  # no tensor parallelism: no all-reduce line
         lines.append(f"  {PHASE_LABELS[p] + ':':<18}{ph['ms_per_cycle']:7.2f} ms/cyc ({100 * ph['share']:5.1f}%)")
     lines.append(f"  {'TOTAL:':<18}{stats['cycle_ms']:7.2f} ms/cyc")
+    if "host_ms_per_cycle" in stats:
+        host = stats["host_ms_per_cycle"]
+        lines.append(f"  {'of which host:':<18}{host:7.2f} ms/cyc ({100 * host / (stats['cycle_ms'] or 1e-12):5.1f}%)"
+                     f"  outside {stats['model_calls_per_cycle']:.1f} model calls a cycle")
+    if "loop_ms_per_cycle" in stats:
+        lines.append(f"  {'Loop, not cycle:':<18}{stats['loop_ms_per_cycle']:7.2f} ms/cyc  (text, stops, the step "
+                     "around the cycle)")
     lines.append(f"  Accept len: {stats['accept_length']:.2f}  accept rate: {stats['accept_rate']:.2f}  "
                  f"eff tok/s: {stats.get('tok_per_s', stats['decode_tok_per_s']):.1f}")
     pos = " ".join(f"{x:.2f}" for x in stats["per_position_accept"])

@@ -365,6 +365,65 @@ class Int4Linear(QuantizedDispatch, nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, group={_INT4_GROUP}"
 
 
+def quantize_q4(weight: Tensor) -> Int4Linear:
+    """A float weight [out, in] as 4-bit groups of 32 along the input (``Int4Linear``): for each group the
+    range (its minimum and maximum, each pulled in by up to 15% of the span) and then the scale and offset
+    refitted by least squares to the codes it gives, whichever of those has the least squared error (the
+    search llama.cpp's ``make_qkx2_quants`` does for its K-quants): a drafter's layers, which no file ships
+    in 4 bits."""
+    w = weight.detach().float()
+    out_f, in_f = w.shape
+    g = w.reshape(-1, _INT4_GROUP)
+    lo0, hi0 = g.amin(-1), g.amax(-1)
+    span = (hi0 - lo0).clamp_min(1e-30)
+    best_err = torch.full_like(lo0, float("inf"))
+    best_q, best_scale, best_lo = torch.zeros_like(g), torch.ones_like(lo0), lo0.clone()
+    shrinks = (0.0, 0.05, 0.1, 0.15)
+    for a in shrinks:
+        for b in shrinks:
+            lo, hi = lo0 + a * span, hi0 - b * span
+            scale = ((hi - lo) / 15).clamp_min(1e-30)
+            q = torch.round((g - lo[:, None]) / scale[:, None]).clamp(0, 15)
+            qm, wm = q.mean(-1), g.mean(-1)  # least squares scale and offset for these codes
+            var = ((q - qm[:, None]) ** 2).sum(-1)
+            s_ls = ((q - qm[:, None]) * (g - wm[:, None])).sum(-1) / var.clamp_min(1e-30)
+            fit = (var > 0) & (s_ls > 0)
+            lo, scale = torch.where(fit, wm - s_ls * qm, lo), torch.where(fit, s_ls, scale)
+            err = ((q * scale[:, None] + lo[:, None] - g) ** 2).sum(-1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_q = torch.where(better[:, None], q, best_q)
+            best_scale, best_lo = torch.where(better, scale, best_scale), torch.where(better, lo, best_lo)
+    q = best_q.reshape(out_f, in_f)
+    scale, lo = best_scale.reshape(out_f, -1), best_lo.reshape(out_f, -1)
+    return Int4Linear(q.to(torch.uint8), scale, lo + 8 * scale, weight.dtype)  # w = (q - 8) * scale + zero
+
+
+# A drafter's weight formats (``--drafter-weights``): its linear layers (fc, attention, MLP, its head) kept as
+# loaded, per-channel int8 (``Int8Linear``), or 4-bit groups (``quantize_q4``); norms and the shared
+# embedding stay as they are. Which is the default: ``runtime.autoformat.resolve_drafter_weights``.
+DRAFTER_WEIGHT_FORMATS = ("native", "int8", "q4")
+
+
+def quantize_linears(module: nn.Module, weights: str) -> int:
+    """Every plain linear layer of ``module`` (not the modules it holds outside its tree) put in ``weights``
+    (``DRAFTER_WEIGHT_FORMATS``), in place, activations at the default bits; returns how many changed."""
+    if weights not in DRAFTER_WEIGHT_FORMATS:
+        raise ValueError(f"unknown drafter weight format {weights!r}; use one of {', '.join(DRAFTER_WEIGHT_FORMATS)}")
+    if weights == "native":
+        return 0
+    found = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if isinstance(child, nn.Linear)]
+    for parent, name, child in found:
+        if weights == "q4" and (child.in_features % _INT4_GROUP or child.bias is not None):
+            raise ValueError(f"{name} ({child.in_features} inputs, bias: {child.bias is not None}): the 4-bit "
+                             f"format takes whole groups of {_INT4_GROUP} inputs and no bias; use --drafter-weights "
+                             "int8 or native")
+        setattr(parent, name, Int8Linear(child.weight, child.bias) if weights == "int8" else quantize_q4(child.weight))
+    set_activations(module, DEFAULT_ACTIVATIONS)
+    return len(found)
+
+
 def check_weight_format(weights: str) -> None:
     """Refuse an unknown weight format, naming the known ones."""
     if weights not in WEIGHT_FORMATS:

@@ -5,7 +5,8 @@ is built and passes it to every phase; the model and the drafter (``forward``, a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from torch import Tensor
@@ -74,3 +75,42 @@ class EagerRunner:
 
 
 EAGER = EagerRunner()
+
+
+class MeteredRunner:
+    """``inner``'s calls timed: the seconds spent inside them and how many, so that a cycle's host work
+    (everything else: Python, masks and lists turned into tensors, top-k outside a graph) is its time less
+    these (``core.speculative.spec_cycle``). ``wait``: what makes a call's time its own (CUDA: a device
+    synchronize; nothing on a CPU, where a call returns when its work is done)."""
+
+    def __init__(self, inner: StepRunner, wait: Callable[[], None] | None = None) -> None:
+        self.inner, self.wait = inner, wait
+        self.seconds, self.calls = 0.0, 0
+
+    def _timed(self, t0: float) -> None:
+        if self.wait is not None:
+            self.wait()
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+
+    def target(self, model: Transformer, tokens: Tensor, positions: Tensor, cache: KVCache,
+               attention_mask: Tensor | None = None, hidden_layers: Sequence[int] = (),
+               logits_at: Tensor | None = None, slots: Tensor | None = None) -> ForwardOutput:
+        if self.wait is not None:
+            self.wait()
+        t0 = time.perf_counter()
+        out = self.inner.target(model, tokens, positions, cache, attention_mask, hidden_layers, logits_at, slots)
+        self._timed(t0)
+        return out
+
+    def draft(self, drafter: Drafter, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache,
+              attention_mask: Tensor | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if self.wait is not None:
+            self.wait()
+        t0 = time.perf_counter()
+        out = self.inner.draft(drafter, tokens, hidden, positions, cache, attention_mask, slots)
+        self._timed(t0)
+        return out
+
+    def capacity(self, max_len: int) -> int:
+        return self.inner.capacity(max_len)

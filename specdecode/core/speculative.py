@@ -29,7 +29,7 @@ from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
 from specdecode.core.ngram import NgramIndex
 from specdecode.core.profiler import CycleRecord, PhaseClock, TimeMeter
-from specdecode.core.runner import EAGER, Drafter, StepRunner
+from specdecode.core.runner import EAGER, Drafter, MeteredRunner, StepRunner
 from specdecode.core.sampling import SamplingParams, greedy_argmax, sample
 
 
@@ -520,7 +520,9 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
     """One speculative cycle over a batch of rows (row i in row i of both caches): the drafter
     catches up on what it has not seen -> every row drafts its tree (and grafts its n-gram proposal)
     -> ``budget`` keeps what pays to verify -> one target forward verifies them all -> each row accepts
-    its path. A request decoded alone is a batch of one."""
+    its path. A request decoded alone is a batch of one. The times include ``host`` (the cycle's time outside
+    model calls) and ``calls`` (how many model calls it made)."""
+    runner = MeteredRunner(runner, clock.wait if clock.sync else None)
     clock.start()
     extend_rows(drafter, dcache, rows, runner)
     clock.mark("extend")
@@ -537,10 +539,12 @@ def spec_cycle(target: Transformer, drafter: Drafter, tcache: KVCache, dcache: K
         budget.observe(trees, accepted)
     clock.mark("other")  # acceptance and cache compaction
     pairs = list(zip(accepted, trees, strict=True))
+    times = clock.finish()
+    times["host"], times["calls"] = max(0.0, times["total"] - runner.seconds), float(runner.calls)
     return CycleResult([a.new_tokens(t) for a, t in pairs],
                        [CycleRecord(t.drafted, len(a.path) - 1, {}, len(t.ngram_nodes),
                                     sum(i in t.ngram_nodes for i in a.path)) for a, t in pairs],
-                       clock.finish())
+                       times)
 
 
 def propose_rows(rows: Sequence[SpecRow], trees: Sequence[DraftTree], tokens: int) -> list[DraftTree]:

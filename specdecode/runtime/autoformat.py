@@ -57,6 +57,28 @@ def fast_bf16(device: torch.device, cpu_flags: frozenset[str] | None = None) -> 
     return False, f"the CPU ({platform.machine()}) has no bf16 instructions (avx512_bf16, amx_bf16 or bf16)"
 
 
+# The drafter's weight format where ``--drafter-weights auto`` quantizes it (a CPU, bf16, a target in integer
+# kernels): chosen by measurement, the cheapest format whose acceptance stays within 0.02 of bf16's
+# (benchmarks/results/2026-12-07-drafter-weights/)
+DEFAULT_DRAFTER_WEIGHTS = "int8"
+
+
+def resolve_drafter_weights(asked: str, target_weights: str, dtype: str, device: torch.device) -> FormatChoice:
+    """The drafter's weight format (``core.quant.DRAFTER_WEIGHT_FORMATS``) for ``--drafter-weights asked``: auto
+    quantizes it where the target itself runs integer kernels on a CPU in bf16. There each draft call streams
+    the head's weights from memory again (the target's step evicts them from the cache), so bytes are its
+    cost; a GPU, float32 or a native target keeps the drafter as loaded."""
+    if asked != AUTO:
+        return FormatChoice(dtype, asked, "as asked")
+    if device.type != "cpu":
+        return FormatChoice(dtype, "native", f"{device.type}: the drafter as loaded")
+    if target_weights == "native" or dtype != "bfloat16":
+        return FormatChoice(dtype, "native", f"the target runs {dtype} {target_weights} weights: the drafter as loaded")
+    return FormatChoice(dtype, DEFAULT_DRAFTER_WEIGHTS,
+                        f"the target runs {target_weights} integer kernels on a CPU: the drafter's layers too "
+                        f"({DEFAULT_DRAFTER_WEIGHTS}, the cheapest format measured within 0.02 of bf16's acceptance)")
+
+
 def resolve_format(dtype: str, weights: str, source: Path, device: torch.device, world_size: int = 1,
                    cpu_flags: frozenset[str] | None = None) -> FormatChoice:
     """The (dtype, weights) to run ``source`` in; ``auto`` fields are chosen (see the module doc)."""

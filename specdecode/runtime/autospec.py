@@ -41,6 +41,7 @@ from specdecode.core.costmodel import (
     candidate_shapes,
     predict,
 )
+from specdecode.core.quant import detect_format
 from specdecode.core.runner import Drafter
 from specdecode.core.speculative import SpecConfig
 from specdecode.io.checkpoints import ACCEPTANCE_FILE, read_acceptance
@@ -159,7 +160,7 @@ def costs_key(session: Session, drafter: torch.nn.Module, drafter_path: str) -> 
         # the weights and config only: a new acceptance.json or README does not change what a cycle costs
         "drafter": [file_hash(Path(drafter_path) / f) for f in ("config.json", "model.safetensors")]
         if drafter_path and Path(drafter_path).is_dir() else drafter_path,
-        "drafter_dtype": str(next(drafter.parameters()).dtype),
+        "drafter_dtype": str(next(drafter.parameters()).dtype), "drafter_weights": detect_format(drafter),
         "specdecode": __version__, "core_code": _code_digest(), "shapes": [str(s) for s in candidate_shapes()],
         "tensor_parallel": session.world_size,
         "graphs": calibration_graphs(session, drafter),

@@ -41,6 +41,7 @@ from specdecode.core.compiled import (
     check_compile_mode,
     span_buckets,
 )
+from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import TokenDecoder
 from specdecode.core.kernels import native_loaded
 from specdecode.core.model import Transformer
@@ -123,11 +124,12 @@ def binds_weights(module: nn.Module) -> bool:
     """Whether a stored graph of ``module`` reads the live module's weights, bound at load, instead of
     carrying a frozen copy: where its linear layers are integer kernels (int8, 4-bit), our own ops
     either way. There a graph is 3.6 MB instead of 155 and adds 1 MB of memory instead of 303,
-    bit-identical to eager, 2-6% slower per step (with the dynamic span; one run). Freezing packs float
+    bit-identical to eager, 2-6% slower per step (with the dynamic span; one run); a drafter in integer
+    kernels (``--drafter-weights``) likewise. Freezing packs float
     linear weights for oneDNN, which pays where float matmuls are the step: a draft step ran 2.3x as
     fast frozen, a bf16 target's decode step 1.8x (benchmarks/results/2026-12-06-bound-graphs,
     docs/LOG.md). Those freeze, less the tensors they hold but do not own (``HeldAsInputs``)."""
-    return isinstance(module, Transformer) and detect_format(module) != "native"
+    return isinstance(module, Transformer | Eagle3Drafter) and detect_format(module) != "native"
 
 
 class HeldAsInputs(nn.Module):

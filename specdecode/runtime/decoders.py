@@ -12,9 +12,11 @@ from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter, random_drafter
 from specdecode.core.engine import BaselineDecoder, TokenDecoder
 from specdecode.core.prune import VerifyBudget
+from specdecode.core.quant import DRAFTER_WEIGHT_FORMATS, quantize_linears, set_activations
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import Convention, load_drafter
 from specdecode.io.paths import shipped_drafter_for
+from specdecode.runtime.autoformat import AUTO, resolve_drafter_weights
 from specdecode.runtime.autospec import SpecChoice, choose_spec, cycle_costs
 from specdecode.runtime.kernels import install_kernels
 from specdecode.runtime.session import Session
@@ -45,8 +47,13 @@ class DecoderSpec:
     ngram: int = 0
     # verify only what pays each cycle, from the proposers' confidence and the measured cycle costs (core.prune)
     verify_budget: bool = False
+    # the drafter's linear layers: core.quant.DRAFTER_WEIGHT_FORMATS, or auto (runtime.autoformat decides)
+    drafter_weights: str = AUTO
 
     def __post_init__(self) -> None:
+        if self.drafter_weights != AUTO and self.drafter_weights not in DRAFTER_WEIGHT_FORMATS:
+            raise ValueError(f"unknown drafter weights {self.drafter_weights!r}; use auto or one of "
+                             f"{', '.join(DRAFTER_WEIGHT_FORMATS)}")
         if self.ngram < 0:
             raise ValueError(f"ngram must be 0 (off) or more tokens per cycle, got {self.ngram}")
         if self.ngram and self.adapt:
@@ -62,6 +69,7 @@ class Decoder:
     config: SpecConfig | None = None  # None for the baseline
     choice: SpecChoice | None = None  # how the shape was chosen (None for the baseline)
     notes: list[str] = field(default_factory=list)  # what was asked for and does not apply, said to the user
+    drafter_weights: str | None = None  # the drafter's weight format (None for the baseline)
 
     @property
     def is_speculative(self) -> bool:
@@ -78,31 +86,28 @@ def resolve_drafter_path(spec: DecoderSpec, session: Session) -> str | None:
     return str(shipped) if shipped else None
 
 
-def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle3Drafter] | None = None,
+def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[tuple[str, str], Eagle3Drafter] | None = None,
                   log: Callable[[str], None] | None = None) -> Decoder:
     """The decoder for ``spec``; the baseline when speculation is off or no drafter applies.
-    ``drafters`` caches loaded drafters by path (several configurations share one); ``log``
+    ``drafters`` caches loaded drafters by path and weight format (several configurations share one); ``log``
     hears when the shape's costs are being measured."""
     path = resolve_drafter_path(spec, session)
     if path is None:
         return Decoder(BaselineDecoder(runner=session.runner), "baseline")
     drafters = {} if drafters is None else drafters
-    if path not in drafters:
-        model = session.loaded.model
-        if path == RANDOM_DRAFTER:
-            drafters[path] = random_drafter(model, min(RANDOM_DRAFT_VOCAB, model.config.vocab_size), seed=0)
-        else:
-            drafters[path] = load_drafter(Path(path), model, convention=spec.aux_layer_convention)
-        # the drafter's layers get kernels measured on their own shapes, as the target's did
-        install_kernels(drafters[path], session.config.kernels, session.threads, session.device)
-    choice = choose_spec(spec.config, session, drafters[path], None if path == RANDOM_DRAFTER else path, log,
+    weights = resolve_drafter_weights(spec.drafter_weights, session.config.weights, session.config.dtype,
+                                      session.device).weights
+    if (path, weights) not in drafters:
+        drafters[path, weights] = load_session_drafter(session, path, weights, spec.aux_layer_convention)
+    drafter = drafters[path, weights]
+    choice = choose_spec(spec.config, session, drafter, None if path == RANDOM_DRAFTER else path, log,
                          defer=spec.defer_costs)
     if choice.plain_is_faster and spec.allow_plain:
         return Decoder(BaselineDecoder(runner=session.runner),
                        "baseline (auto: no speculative shape is predicted faster here)", choice=choice)
     c = replace(choice.config, ngram=spec.ngram)
-    desc = (f"eagle3 (drafter {path}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens}"
-            + (f", ngram={c.ngram})" if c.ngram else ")"))
+    desc = (f"eagle3 (drafter {path}, {weights} drafter weights, steps={c.num_steps}, topk={c.topk}, "
+            f"draft_tokens={c.num_draft_tokens}" + (f", ngram={c.ngram})" if c.ngram else ")"))
     adapt = choice.adaptive() if spec.adapt else None
     notes = []
     if adapt is not None:
@@ -112,11 +117,28 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[str, Eagle
                      "the shape stays fixed")
     budget = None
     if spec.verify_budget:
-        costs = choice.costs or cycle_costs(session, drafters[path], path, log)[0]
+        costs = choice.costs or cycle_costs(session, drafter, path, log)[0]
         shape = costs.shape_cost(replace(c, ngram=0))
         rest = (shape.draft_ms + shape.other_ms if shape is not None else 0.0) + costs.extend_ms(2)
         budget = VerifyBudget(costs.verify_ms, rest)
         desc = desc[:-1] + ", verify budget)"
-    decoder = Eagle3Decoder(drafters[path], c, sync=spec.sync, comm=session.comm, adapt=adapt, runner=session.runner,
+    decoder = Eagle3Decoder(drafter, c, sync=spec.sync, comm=session.comm, adapt=adapt, runner=session.runner,
                             budget=budget)
-    return Decoder(decoder, desc, path, c, choice, notes)
+    return Decoder(decoder, desc, path, c, choice, notes, weights)
+
+
+def load_session_drafter(session: Session, path: str, weights: str = AUTO,
+                         convention: Convention | None = None) -> Eagle3Drafter:
+    """The drafter at ``path`` (or ``RANDOM_DRAFTER``) for this session's target: its linear layers in
+    ``weights`` (auto: ``runtime.autoformat.resolve_drafter_weights``), activations as the target's, and
+    kernels measured on its own shapes, as the target's were."""
+    model = session.loaded.model
+    weights = resolve_drafter_weights(weights, session.config.weights, session.config.dtype, session.device).weights
+    if path == RANDOM_DRAFTER:
+        drafter = random_drafter(model, min(RANDOM_DRAFT_VOCAB, model.config.vocab_size), seed=0)
+    else:
+        drafter = load_drafter(Path(path), model, convention=convention)
+    if quantize_linears(drafter, weights):
+        set_activations(drafter, session.config.activations)
+    install_kernels(drafter, session.config.kernels, session.threads, session.device)
+    return drafter

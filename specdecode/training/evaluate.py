@@ -15,10 +15,12 @@ from specdecode.core.costmodel import CANDIDATE_TOPK_STEPS
 from specdecode.core.drafter import Eagle3Drafter
 from specdecode.core.engine import Engine
 from specdecode.core.model import Transformer
+from specdecode.core.quant import detect_format
 from specdecode.core.requests import GenerateOptions
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.checkpoints import load_drafter, write_acceptance
 from specdecode.io.paths import file_fingerprint
+from specdecode.runtime.decoders import load_session_drafter
 from specdecode.runtime.session import Session
 from specdecode.training.dataset import DataSet, draft_index
 from specdecode.training.ttt import (
@@ -89,6 +91,7 @@ class EvalDrafterConfig:
     depth: int = 4  # chain depth (num_steps)
     samples: int = 40
     max_len: int = 768
+    drafter_weights: str = "auto"  # the engine's drafter format (runtime.decoders.load_session_drafter)
 
 
 def greedy_heldout(ds: DataSet, max_len: int, samples: int, purpose: str) -> list[dict]:
@@ -110,13 +113,14 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
     rows = greedy_heldout(ds, cfg.max_len, cfg.samples, "evaluate on")
     tokens_mm = ds.tokens()
     target = session.loaded.model
-    drafter = load_drafter(cfg.drafter, target)
+    drafter = load_drafter(cfg.drafter, target)  # the trainer's estimate reads float weights
+    engine_drafter = load_session_drafter(session, cfg.drafter, cfg.drafter_weights)
     t2d = drafter.t2d
     t2d_index = draft_index(t2d)
     aux = drafter.config.aux_layer_ids
     depth = cfg.depth
     sim_tokens = sim_cycles = 0
-    engine = Engine(target, session.loaded.tokenizer, Eagle3Decoder(drafter, SpecConfig(depth, 1)))
+    engine = Engine(target, session.loaded.tokenizer, Eagle3Decoder(engine_drafter, SpecConfig(depth, 1)))
     eng_tokens = eng_cycles = 0
     same_text = 0
     for r in rows:
@@ -136,6 +140,7 @@ def eval_drafter(cfg: EvalDrafterConfig, session: Session) -> dict:
             eng_tokens += result.stats["accept_length"] * result.stats["cycles"]
             eng_cycles += result.stats["cycles"]
     return {"samples": len(rows), "depth": depth, "dtype": session.config.dtype,
+            "drafter_format": detect_format(engine_drafter),
             "trainer_accept_length": sim_tokens / max(sim_cycles, 1),
             "engine_accept_length": eng_tokens / max(eng_cycles, 1),
             "engine_reproduced_response": f"{same_text}/{len(rows)}"}
@@ -154,6 +159,7 @@ class AcceptanceTableConfig:
     samples: int = 40  # per data set
     max_len: int = 768
     out: str | None = None  # directory to write acceptance.json into (default: the drafter's)
+    drafter_weights: str = "auto"  # the engine's drafter format (runtime.decoders.load_session_drafter)
 
 
 def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
@@ -174,7 +180,7 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
     sets = [DataSet(d) for d in cfg.data]
     rows_of = [greedy_heldout(ds, cfg.max_len, cfg.samples, "measure acceptance on") for ds in sets]
     target = session.loaded.model
-    drafter = load_drafter(cfg.drafter, target)
+    drafter = load_session_drafter(session, cfg.drafter, cfg.drafter_weights)
     per_position: dict[int, list[float]] = {}
     shapes = {}
     by_set: list[dict] = [{"data": str(ds.root), "samples": len(rows), "per_position_accept": {}}
@@ -207,7 +213,8 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
                 # the weights measured (runtime.autospec ignores a table whose drafter was trained again since)
                 **({"drafter_weights": file_fingerprint(weights)} if weights.is_file() else {}),
                 "dtype": session.config.dtype, "weights": session.config.weights,
-                "shapes": {str(k): v for k, v in shapes.items()}, "by_data": by_set,
+                "drafter_format": detect_format(drafter), "shapes": {str(k): v for k, v in shapes.items()},
+                "by_data": by_set,
                 "how": "engine, greedy, each held-out prompt answered for its reference answer's length; "
                        "each data set an equal share"}
     path = write_acceptance(cfg.out or cfg.drafter, per_position, measured)

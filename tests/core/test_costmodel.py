@@ -1,6 +1,8 @@
 """The cost model the sweep and --spec-config auto share, the auto request, and the adaptive shape
 (which must never change what greedy decoding emits)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -53,6 +55,11 @@ def test_prediction_is_the_formula():
     assert p.cycle_ms == pytest.approx(cycle)
     assert p.speedup == pytest.approx(2.3 * 10.0 / cycle)
     assert predict(SpecConfig(2, 2), table, c) is None  # no acceptance measured for top-2
+    # the loop's work around a cycle (text, stop checks) is paid once a cycle, as the plain step pays it a token
+    looped = CycleCosts(c.baseline_ms, {k: replace(v, loop_ms=0.4) for k, v in c.shapes.items()},
+                        c.extend_ms_by_tokens)
+    assert predict(SpecConfig(2, 1), table, looped).cycle_ms == pytest.approx(cycle + 0.4)
+    assert CycleCosts.from_dict(looped.to_dict()).shapes == looped.shapes
 
 
 def test_cheap_verify_favours_depth_and_dear_verify_favours_chains():
@@ -167,6 +174,8 @@ def test_calibration_alternates_the_order_so_a_drift_reaches_every_shape_alike(m
         calls.append(shape_key(shape))
         times = {"draft": 0.001 * shape.num_steps * speed(), "verify": 0.010 * speed(), "other": 0.0005 * speed(),
                  "extend": 0.001}
+        times["total"] = sum(times.values())
+        times["wall"] = times["total"] + 0.0003  # the loop's work around the cycle
         return [CycleRecord(shape.num_draft_tokens, 0, dict(times)) for _ in range(n)]
 
     monkeypatch.setattr(cal, "baseline_step_times", plain)
@@ -185,6 +194,7 @@ def test_calibration_alternates_the_order_so_a_drift_reaches_every_shape_alike(m
             assert max(raw) / min(raw) > 1.5  # read raw, the first shape is the cheapest
         # the plain steps are timed per group of shapes: the drift inside a group is what is left
         assert max(common) / min(common) < 1 + spread, rounds
+        assert all(abs(c.loop_ms - 0.3) < 1e-6 for c in got.shapes.values())  # what the loop pays beside the cycle
 
 
 def test_costs_are_read_from_monotone_fits_over_every_shape():

@@ -11,6 +11,7 @@ from specdecode.core.quant import (
     DEFAULT_ACTIVATIONS,
     Int8Linear,
     detect_format,
+    quantize_linears,
     quantize_weights,
     set_activations,
 )
@@ -124,3 +125,42 @@ def test_activations_set_each_kind_of_layer():
     assert bits == {"qkv_proj": 16, "down_proj": 16, "gate_up_proj": 8, "o_proj": 8, "lm_head": 8}
     with pytest.raises(ValueError, match="unknown activations 'int4'; use one of int16, int8, mixed"):
         set_activations(model, "int4")
+
+
+def test_q4_quantization_is_no_worse_than_rounding_between_each_groups_extremes():
+    """Each group's range searched and its scale and offset refitted: never more error than plain rounding
+    between the group's minimum and maximum (a candidate of the search), a constant group kept exactly."""
+    from specdecode.core.quant import quantize_q4
+
+    torch.manual_seed(3)
+    w = torch.randn(32, 96, dtype=torch.float64)
+    w[:, 40] *= 6  # an outlier in a group: there the search pays most
+    w[5, :32] = 0.7
+    got = (quantize_q4(w).dequantized().double() - w).reshape(32, 3, 32).pow(2).sum(-1)
+    g = w.reshape(32, 3, 32)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    step = ((hi - lo) / 15).clamp_min(1e-30)
+    plain = (torch.round((g - lo) / step).clamp(0, 15) * step + lo - g).pow(2).sum(-1)
+    assert (got <= plain * (1 + 1e-3) + 1e-9).all() and got.sum() < 0.95 * plain.sum()
+    assert got[5, 0] < 1e-9
+    with pytest.raises(ValueError, match="no bias; use --drafter-weights int8 or native"):
+        quantize_linears(torch.nn.Sequential(torch.nn.Linear(32, 16)), "q4")
+    with pytest.raises(ValueError, match="unknown drafter weight format 'int4'"):
+        quantize_linears(torch.nn.Sequential(torch.nn.Linear(32, 16)), "int4")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4"])
+def test_a_quantized_drafter_swaps_its_own_layers_and_stays_lossless(fmt):
+    """Every linear layer of the head (fc, attention, MLP, lm_head) in the format, the target's embedding it
+    holds untouched; the target verifies, so greedy speculative output is still plain decoding's."""
+    model = tiny_model(dtype=torch.float32, vocab_size=96, hidden_size=64, intermediate_size=96, num_heads=4,
+                       num_kv_heads=2)
+    drafter = random_drafter(model, 64, seed=1)
+    embedding = model.embed_tokens.weight.clone()
+    linears = sum(isinstance(m, torch.nn.Linear) for m in drafter.modules())
+    assert quantize_linears(drafter, fmt) == linears == 6 and detect_format(drafter) == fmt
+    assert torch.equal(model.embed_tokens.weight, embedding) and detect_format(model) == "native"
+    assert drafter.dtype == torch.float32
+    decoder = Eagle3Decoder(drafter, SpecConfig(3, 2, 6))
+    report = check_lossless(model, DigitTokenizer(), lambda ids: decoder, PROMPTS, max_new_tokens=16)
+    assert report.passed and report.rows

@@ -121,3 +121,31 @@ def test_compiled_steps_keep_the_bits_of_a_row(model):
             alone = torch.cat([steps.target(model, new[:, i:i + 1], torch.tensor([21 + i]), cache).logits[0]
                                for i in range(k)])
         assert torch.equal(together, alone), k
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4"])
+def test_a_quantized_drafter_gives_a_row_its_bits_alone_in_a_tree_level_and_in_a_batch(model, fmt):
+    """The drafter in the integer family (``--drafter-weights``): a draft row's logits are the same bits
+    drafted alone, among a tree level's k rows, or in a batch beside other requests, and a re-extend of k
+    pairs in one call gives each pair the bits of k calls of one."""
+    from specdecode.core.drafter import random_drafter
+    from specdecode.core.quant import quantize_linears
+
+    drafter = random_drafter(model, 96, seed=3)
+    quantize_linears(drafter, fmt)
+    g = torch.Generator().manual_seed(5)
+    width = 3 * model.config.hidden_size
+    tokens = torch.randint(0, 96, (4, 3), generator=g)
+    taps = torch.randn(4, 3, width, generator=g).to(torch.bfloat16)
+
+    def draft(rows, per_call):
+        cache = drafter.new_cache(32, len(range(*rows.indices(4))))
+        with torch.inference_mode():
+            return torch.cat([drafter(tokens[rows, i:i + per_call], taps[rows, i:i + per_call],
+                                      torch.arange(i, i + per_call), cache)[0] for i in range(0, 3, per_call)], 1)
+
+    batched = draft(slice(0, 4), 1)
+    for r in range(4):
+        alone = draft(slice(r, r + 1), 1)[0]
+        assert torch.equal(batched[r], alone), r
+        assert torch.equal(draft(slice(r, r + 1), 3)[0], alone), r

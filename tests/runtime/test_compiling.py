@@ -245,6 +245,31 @@ def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
         compiling.LoadedGraph(path, {})
 
 
+def test_a_drafter_in_integer_kernels_binds_its_live_weights_too(tmp_path):
+    """``--drafter-weights int8|q4``: the drafter's graphs are bound like an integer target's (no copy of its
+    weights in a package, nor of the target's embedding), load in a new store, and decode as eager does."""
+    from specdecode.core.quant import quantize_linears
+
+    model = tiny_model(seed=5, dtype=torch.float32, max_position_embeddings=1024)
+    quantize_weights(model, "int8")
+    drafter = random_drafter(model, seed=2)
+    quantize_linears(drafter, "int8")
+    assert compiling.binds_weights(drafter)
+    rng = random.Random(4)
+    prompt = [rng.randrange(4, 97) for _ in range(24)]
+    eager = generate(model, Eagle3Decoder(drafter, CHAIN), prompt)
+    assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=CompiledRunner(store=PackageStore(tmp_path))) \
+        == eager
+    again = CompiledRunner(store=PackageStore(tmp_path), build=False)
+    assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=again) == eager
+    drafts = [k for k in again.loaded if k.kind.startswith("draft")]
+    assert drafts and again.compiled == []
+    graph = again.graphs[drafts[0]]
+    live = {t.data_ptr() for t in compiling.live_tensors(DraftStep(drafter)).values()}
+    assert graph.bound and not graph.held and {t.data_ptr() for t in graph.bound.values()} <= live
+    assert model.embed_tokens.weight.data_ptr() in {t.data_ptr() for t in graph.bound.values()}
+
+
 def test_precompile_needs_a_store_and_covers_every_cache_size():
     assert span_buckets(1024, 8192) == [256, 512, 1024] and span_buckets(100, 8192) == [256]
     assert span_buckets(3000, 2048) == [256, 512, 1024, 2048]
