@@ -166,7 +166,8 @@ def prepare_bench(config: BenchConfig, session: Session) -> LocalBench:
     methods = [build_method(s, session, config.drafter, drafters) for s in specs]
     prompts = config.load_prompts()
     encoded = [encode_prompt(p, session.loaded.tokenizer) for p in prompts]
-    fingerprint = run_fingerprint(session, [p for p, _ in drafters], config.launch_profile, [w for p, w in drafters if p != "random"])
+    fingerprint = run_fingerprint(session, [p for p, _ in drafters], config.launch_profile,
+                                  [w for p, w in drafters if p != "random"])
     return LocalBench(config, session, specs, methods, prompts, encoded, fingerprint)
 
 
