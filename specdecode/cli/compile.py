@@ -42,6 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "least recently used directories while the store is over its cap ($SPECDECODE_GRAPH_CACHE_GB, "
                         "default 20; also applied after each build), then exit")
     p.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
+    p.add_argument("--with-candidates", action="store_true",
+                   help="also every candidate shape --spec-config auto weighs (chains of 1-6, top-2 trees of 1-6, "
+                        "top-4 of 1-3 steps: their graphs are shared, 12 in all), so that it times each on graphs "
+                        "and can choose any; the default where the shape is left to auto (what `generate`'s "
+                        "background build passes after an auto run)")
     p.add_argument("--if-idle", action="store_true",
                    help="exit at once when another process is building into the store (what a build that "
                         "`generate` starts in the background runs); without it, wait for that build to end")
@@ -83,6 +88,7 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specdecode.core.compiled import GraphKey
+    from specdecode.core.costmodel import AutoSpec, candidate_shapes
     from specdecode.runtime.autospec import cycle_costs
     from specdecode.runtime.compiling import precompile, precompile_pool
     from specdecode.runtime.decoders import build_decoder
@@ -93,7 +99,10 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
     if steps is None or steps.store is None:
         raise ValueError(f"graphs are stored on CPU only (device {session.device}: CUDA graphs are captured in "
                          "each process; serve and data build compile them at first use)")
-    decoder = build_decoder(spec, session, log=notice)
+    candidates = batch is None and spec.speculative and (args.with_candidates or (
+        isinstance(spec.config, AutoSpec) and not spec.config.complete))
+    # with the candidates, the drafter even where auto now predicts plain decoding faster (on eager costs)
+    decoder = build_decoder(replace(spec, allow_plain=False) if candidates else spec, session, log=notice)
     err.print(f"format: {session.config.dtype}, {session.config.weights} weights; {decoder.description}",
               markup=False, highlight=False)
     what = "attention spans" if batch is not None else "cache sizes"
@@ -117,7 +126,10 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
         if batch is not None:
             done = precompile_pool(session.compiled, session.loaded, decoder.decode, batch, args.max_len, on_size)
         else:
-            done = precompile(session.loaded.model, steps, drafter, decoder.config, args.max_len, on_size)
+            shapes = [decoder.config] if decoder.config is not None else []
+            if candidates:
+                shapes += [s for s in candidate_shapes() if s not in shapes]
+            done = precompile(session.loaded.model, steps, drafter, shapes, args.max_len, on_size)
     if done.built and drafter is not None and decoder.drafter_path is not None:
         # --spec-config auto's costs are keyed on the stored graphs: timed now on the new set, a later run
         # finds them cached instead of timing them before its first token

@@ -175,7 +175,8 @@ def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: 
     beside the decoding slows the decoding it is for), unless one is running. None: nothing to build.
     The speculative ``shape`` this run decoded with (None: plain) is named, not chosen again: at 4 bits
     auto's pick changed between two calibrations (docs/LOG.md, 2026-12-06 evening), and a set built for
-    another shape would leave this one eager."""
+    another shape would leave this one eager. Where auto chose it, every candidate shape's graphs too
+    (``compile --with-candidates``): timed eager, deeper shapes never looked as cheap as they run."""
     from specdecode.runtime.background import build_in_background
     from specdecode.runtime.compiling import PackageStore
     from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
@@ -187,8 +188,11 @@ def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: 
         return None  # every shape ran on a stored graph
     root = steps.store.root if steps is not None and steps.store is not None else PackageStore().root
     fixed = argparse.Namespace(**vars(args))
-    if shape is None:
+    auto = not args.no_spec and (args.num_steps is None or args.topk is None)
+    if auto:  # the shape was auto's: every candidate's graphs, so that auto times each on graphs and may choose it
+        fixed.with_candidates = True
+    elif shape is None:
         fixed.no_spec = True
-    else:
+    if shape is not None:
         fixed.num_steps, fixed.topk, fixed.num_draft_tokens = shape.num_steps, shape.topk, shape.num_draft_tokens
     return build_in_background(compile_args(fixed, max(max_len, DEFAULT_COMPILE_MAX_LEN)), root)

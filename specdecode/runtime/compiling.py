@@ -22,7 +22,7 @@ import tempfile
 import threading
 import weakref
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -556,27 +556,27 @@ class Precompiled:
     disk_bytes: int
 
 
-def precompile(model: Transformer, steps: CompiledRunner, drafter: Any, spec: SpecConfig | None, max_len: int,
+def precompile(model: Transformer, steps: CompiledRunner, drafter: Any, specs: Sequence[SpecConfig], max_len: int,
                on_size: Callable[[int, int], None] | None = None) -> Precompiled:
     """Build (or find stored) every graph one request of up to ``max_len`` tokens needs: plain
-    decoding, and with ``spec`` EAGLE-3 with ``drafter`` too (verify, re-extend and tree steps; the
-    draft cache in both sizes a target cache size may come with): ``--spec-config auto`` weighs a
-    shape against plain decoding, which must run on its graph then too. ``on_size(i, n)`` hears
-    progress by cache size. ``steps`` must build (``build=True``) into a store."""
+    decoding, and for each shape in ``specs`` EAGLE-3 with ``drafter`` too (verify, re-extend and tree
+    steps; the draft cache in both sizes a target cache size may come with): ``--spec-config auto`` weighs a
+    shape against plain decoding, which must run on its graph then too. Shapes share their graphs (a bucket of
+    rows x tokens serves every shape that calls it). ``on_size(i, n)`` hears progress by cache size. ``steps``
+    must build (``build=True``) into a store."""
     built0, loaded0 = _check_builds(steps)
-    margin = spec.margin if spec is not None else 0
+    margin = max((s.margin for s in specs), default=0)
     context = model.config.max_position_embeddings
     sizes = span_buckets(max_len + margin, context)
     for i, size in enumerate(sizes):
         if on_size is not None:
             on_size(i, len(sizes))
         steps.warm(model, None, 1, size - 1, None)
-        if spec is None:
-            continue
-        new = size - 1 - spec.margin  # the target's cache exactly this size, the draft's one bucket up
-        for n in (new, new - spec.draft_scratch):  # ... and the draft's this size
-            if n >= 1:
-                steps.warm(model, drafter, 1, n, spec)
+        for spec in specs:
+            new = size - 1 - spec.margin  # the target's cache exactly this size, the draft's one bucket up
+            for n in (new, new - spec.draft_scratch):  # ... and the draft's this size
+                if n >= 1:
+                    steps.warm(model, drafter, 1, n, spec)
     if on_size is not None:
         on_size(len(sizes), len(sizes))
     return _precompiled(steps, (model, drafter), built0, loaded0, sizes)

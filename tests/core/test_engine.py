@@ -106,3 +106,24 @@ def test_context_overflow_message_has_numbers():
     model = tiny_model()
     with pytest.raises(ContextLengthError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds"):
         next(plain_steps(model, [1] * 250, 10, SamplingParams()))
+
+
+def test_the_profile_splits_host_work_from_model_calls():
+    """A speculative run's profile: each cycle's time outside model calls (host) and how many calls it made
+    (a chain of 3 steps: a re-extend, two draft levels and a verify), the loop's time around the cycles, and
+    the table prints them; the phases still sum to the cycle (host and calls are not phases)."""
+    from specdecode.core.drafter import random_drafter
+    from specdecode.core.profiler import PHASES, format_profile
+    from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+
+    model = tiny_model(seed=5, vocab_size=29)
+    engine = Engine(model, tokenizer(), Eagle3Decoder(random_drafter(model, seed=1), SpecConfig(3, 1, 4)))
+    stats = engine.generate(ids("abc"), GenerateOptions(max_new_tokens=24, stop_token_ids=())).stats
+    # every cycle but the first (the prompt's pairs went through the drafter before it) re-extends
+    n = stats["cycles"]
+    assert stats["model_calls_per_cycle"] == pytest.approx((4 * n - 1) / n)
+    assert 0 < stats["host_ms_per_cycle"] < stats["cycle_ms"] and stats["loop_ms_per_cycle"] >= 0
+    assert sum(p["ms_per_cycle"] for p in stats["phases"].values()) == pytest.approx(stats["cycle_ms"])
+    assert set(stats["phases"]) == set(PHASES)
+    text = format_profile(stats | {"num_tokens": 24})
+    assert "of which host:" in text and "model calls a cycle" in text and "Loop, not cycle:" in text

@@ -307,7 +307,7 @@ def test_the_code_identity_covers_what_the_steps_import():
     assert seen <= set(TRACED_MODULES), f"traced code imports {sorted(seen - set(TRACED_MODULES))}: add them"
     assert imports("compiled") - set(TRACED_MODULES) == {"requests", "runner", "speculative"}  # warm, types
     with pytest.raises(ValueError, match="build into a store"):
-        precompile(tiny_model(), CompiledRunner(), None, None, 256)
+        precompile(tiny_model(), CompiledRunner(), None, [], 256)
     assert main(["compile", "--compile", "off"]) == 2
 
 
@@ -409,9 +409,15 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     assert built.pid == 4242 and built.log == root / "build.log"
     argv, kw = started[0]
     assert argv[1:4] == ["-m", "specdecode.cli", "compile"] and argv[-1] == "--if-idle" and kw["start_new_session"]
-    # the run's flags and the shape it decoded with (not auto's pick again), at least compile's length
-    assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3})),
-                                      DEFAULT_COMPILE_MAX_LEN)
+    # the run's flags and the shape it decoded with (not auto's pick again), at least compile's length; auto
+    # chose the top-k here, so every candidate shape's graphs too (auto times them on graphs)
+    assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3,
+                                                                 "with_candidates": True})), DEFAULT_COMPILE_MAX_LEN)
+    assert "--with-candidates" in argv
+    fixed = Namespace(**(vars(args) | {"topk": 1}))  # a shape the user gave: that shape alone
+    _build_missing(fixed, session, 100, SpecConfig(2, 1, 3))
+    assert "--with-candidates" not in started[1][0]
+    started.pop()
     monkeypatch.setenv(background.BACKGROUND_ENV, "0")
     assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and len(started) == 1
     assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None
