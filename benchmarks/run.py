@@ -7,7 +7,8 @@
 
 A suite: {"question": ..., "steps": [{"name": ..., "run": [specdecode args], "out": true, "requires": module,
 "serve": [specdecode serve args]}]}. Placeholders: {spec_bench} ($SPEC_BENCH: Spec-Bench's question.jsonl),
-{passages} ($PASSAGES), {threads} ($THREADS, 2), {out} (the result folder), {port} (a free port). "out" adds
+{passages} ($PASSAGES), {copy_edit} (written from $CRUXEVAL: ``copy_edit_prompts``), {threads} ($THREADS, 2),
+{out} (the result folder), {port} (a free port). "out" adds
 `--out {out}/raw/NAME.json`; "requires" skips the step where a Python module is missing; "serve" starts that server
 first and stops it after. Steps run one after another: never two benchmarks at once. A result folder keeps its
 README and results.json (every step's JSON under its name); raw/ (stdout, server logs) is not tracked.
@@ -36,7 +37,27 @@ RESULTS = ROOT / "benchmarks" / "results"
 INDEX = ROOT / "benchmarks" / "README.md"
 SHARED = ROOT.parent / "shared" / "data"  # the project's shared data folder, where it exists
 DEFAULTS = {"spec_bench": str(SHARED / "spec_bench_questions.jsonl"),
-            "passages": str(SHARED / "prompts" / "long" / "pubmedqa__pubmedqa.jsonl"), "threads": "2"}
+            "passages": str(SHARED / "prompts" / "long" / "pubmedqa__pubmedqa.jsonl"),
+            "cruxeval": str(SHARED / "prompts" / "facebookresearch__cruxeval.jsonl"), "threads": "2"}
+# {copy_edit}: requests whose answer copies most of the prompt (a function handed back renamed), written into
+# the result folder from CRUXEval's functions (code none of us wrote): what --ngram's drafts from the text are for
+COPY_EDIT = ("Rewrite this Python function with a descriptive function name and descriptive parameter names. "
+             "Keep the body as it is. Return the whole function in one code block.\n\n```python\n{code}\n```")
+
+
+def copy_edit_prompts(source: Path, dest: Path, n: int = 8, min_lines: int = 6) -> Path:
+    """The first ``n`` functions of ``source`` (CRUXEval prompts) of at least ``min_lines`` lines, as copy-edit
+    requests (``COPY_EDIT``), one {"prompt": ...} a line."""
+    out = []
+    for line in source.read_text().splitlines():
+        m = re.search(r"```python\n(.*?)\n```", json.loads(line)["prompt"], re.S)
+        if m and m.group(1).count("\n") + 1 >= min_lines:
+            out.append(json.dumps({"prompt": COPY_EDIT.format(code=m.group(1))}))
+        if len(out) == n:
+            break
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("\n".join(out) + "\n")
+    return dest
 
 
 def load_suite(name: str) -> dict:
@@ -54,7 +75,7 @@ def load_suite(name: str) -> dict:
 
 def values(out: Path, port: int = 0) -> dict[str, str]:
     return {key: os.environ.get(key.upper(), default) for key, default in DEFAULTS.items()} | {
-        "out": str(out), "port": str(port)}
+        "out": str(out), "port": str(port), "copy_edit": str(out / "raw" / "copy-edit-prompts.jsonl")}
 
 
 def command(step: dict, key: str, fill: dict[str, str]) -> list[str]:
@@ -106,8 +127,10 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
         n += 1  # a second run the same day gets its own folder, never the first one's
     out = out.parent / f"{out.name}{'' if n == 1 else f'-{n}'}"
     fill = values(out)
-    missing = [k for k in ("spec_bench", "passages") if any(f"{{{k}}}" in a for s in suite["steps"] for a in s["run"])
-               and not Path(fill[k]).exists()]
+    used = {k for k in ("spec_bench", "passages", "cruxeval", "copy_edit")
+            if any(f"{{{k}}}" in a for s in suite["steps"] for a in s["run"])}
+    missing = [k for k in ("spec_bench", "passages", "cruxeval")
+               if (k in used or (k == "cruxeval" and "copy_edit" in used)) and not Path(fill[k]).exists()]
     if missing and not dry_run:
         raise SystemExit(f"run.py: {', '.join(missing)} not found ({', '.join(fill[k] for k in missing)}): set "
                          + " and ".join(f"${k.upper()}" for k in missing) + " (SPEC_BENCH: Spec-Bench's "
@@ -122,6 +145,8 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
             continue
         port = free_port() if step.get("serve") else 0
         fill = values(out, port)
+        if not dry_run and any("{copy_edit}" in a for a in step["run"]):
+            copy_edit_prompts(Path(fill["cruxeval"]), Path(fill["copy_edit"]))
         cmd = command(step, "run", fill)
         shown = shlex.join(["specdecode", *cmd[3:]])
         if step.get("serve"):

@@ -59,7 +59,7 @@ def fast_bf16(device: torch.device, cpu_flags: frozenset[str] | None = None) -> 
 
 # The drafter's weight format where ``--drafter-weights auto`` quantizes it (a CPU, bf16, a target in integer
 # kernels): chosen by measurement, the cheapest format whose acceptance stays within 0.02 of bf16's
-# (benchmarks/results/2026-12-07-drafter-weights/)
+# (benchmarks/results/2026-12-07-cycle/, docs/defaults.md)
 DEFAULT_DRAFTER_WEIGHTS = "int8"
 
 

@@ -106,8 +106,9 @@ def build_decoder(spec: DecoderSpec, session: Session, drafters: dict[tuple[str,
         return Decoder(BaselineDecoder(runner=session.runner),
                        "baseline (auto: no speculative shape is predicted faster here)", choice=choice)
     c = replace(choice.config, ngram=spec.ngram)
-    desc = (f"eagle3 (drafter {path}, {weights} drafter weights, steps={c.num_steps}, topk={c.topk}, "
-            f"draft_tokens={c.num_draft_tokens}" + (f", ngram={c.ngram})" if c.ngram else ")"))
+    fmt = "" if weights == "native" else f" in {weights}"  # the drafter's format where it is not as loaded
+    desc = (f"eagle3 (drafter {path}{fmt}, steps={c.num_steps}, topk={c.topk}, draft_tokens={c.num_draft_tokens}"
+            + (f", ngram={c.ngram})" if c.ngram else ")"))
     adapt = choice.adaptive() if spec.adapt else None
     notes = []
     if adapt is not None:
