@@ -268,7 +268,7 @@ def check() -> int:
             for key in ("run", "serve"):
                 if key in step:
                     # prompt files must exist to parse: this file stands in for them
-                    fill = values(Path("OUT"), 8000) | {"spec_bench": __file__, "passages": __file__}
+                    fill = values(Path("OUT"), 8000) | dict.fromkeys(("spec_bench", "passages", "copy_edit"), __file__)
                     args = command(step, key, fill)[3:]
                     try:
                         build_parser(args[:1]).parse_args(args)

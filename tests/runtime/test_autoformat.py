@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdecode.runtime.autoformat import fast_bf16, resolve_format
+from specdecode.runtime.autoformat import DEFAULT_DRAFTER_WEIGHTS, fast_bf16, resolve_drafter_weights, resolve_format
 
 BF16 = frozenset({"avx512f", "avx512_bf16"})
 NO_BF16 = frozenset({"avx2", "avx512f"})
@@ -76,3 +76,17 @@ def test_start_resolves_the_format_and_says_why(monkeypatch):
     from specdecode.core.quant import detect_format
 
     assert detect_format(session.loaded.model) == "q4"
+
+
+def test_the_drafter_is_quantized_where_the_target_runs_integer_kernels_on_a_cpu():
+    """``--drafter-weights auto``: the measured format (int8) beside a 4-bit or int8 target in bf16 on a CPU; the
+    drafter as loaded on a GPU, in float32, beside native target weights; a format given is kept."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert DEFAULT_DRAFTER_WEIGHTS == "int8"
+    for target in ("q4", "int8"):
+        assert resolve_drafter_weights("auto", target, "bfloat16", cpu).weights == "int8"
+    assert resolve_drafter_weights("auto", "native", "bfloat16", cpu).weights == "native"
+    assert resolve_drafter_weights("auto", "q4", "float32", cpu).weights == "native"
+    assert resolve_drafter_weights("auto", "q4", "bfloat16", gpu).weights == "native"
+    choice = resolve_drafter_weights("q4", "native", "bfloat16", gpu)
+    assert choice.weights == "q4" and choice.reason == "as asked"

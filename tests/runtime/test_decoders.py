@@ -109,10 +109,11 @@ def test_random_drafter_is_built_once_and_shared():
     cache: dict = {}
     first = build_decoder(DecoderSpec(drafter=RANDOM_DRAFTER), s, cache)
     second = build_decoder(DecoderSpec(drafter=RANDOM_DRAFTER, config=SpecConfig(3, 1)), s, cache)
-    assert list(cache) == [RANDOM_DRAFTER]
+    key = (RANDOM_DRAFTER, "native")  # by path and weight format (a float32 target: the drafter as loaded)
+    assert list(cache) == [key]
     assert isinstance(first.decode, Eagle3Decoder) and isinstance(second.decode, Eagle3Decoder)
-    assert first.decode.drafter is second.decode.drafter is cache[RANDOM_DRAFTER]
-    drafter = cache[RANDOM_DRAFTER]
+    assert first.decode.drafter is second.decode.drafter is cache[key]
+    drafter = cache[key]
     assert drafter.config.draft_vocab_size == min(decoders.RANDOM_DRAFT_VOCAB, s.loaded.model.config.vocab_size)
     assert drafter.embed_tokens is s.loaded.model.embed_tokens  # wired to this target
     assert first.drafter_path == second.drafter_path == RANDOM_DRAFTER
@@ -125,9 +126,10 @@ def test_drafter_path_is_loaded_once_and_shared(saved_drafter, count_loads):
     decs = [build_decoder(DecoderSpec(drafter=saved_drafter, config=c), s, cache)
             for c in (SpecConfig(), SpecConfig(2, 1), SpecConfig(1, 2, 3))]
     assert count_loads == [saved_drafter]  # three configurations, one load
-    assert list(cache) == [saved_drafter]
-    assert all(isinstance(d.decode, Eagle3Decoder) and d.decode.drafter is cache[saved_drafter] for d in decs)
-    assert cache[saved_drafter].config.draft_vocab_size == 50
+    key = (saved_drafter, "native")
+    assert list(cache) == [key]
+    assert all(isinstance(d.decode, Eagle3Decoder) and d.decode.drafter is cache[key] for d in decs)
+    assert cache[key].config.draft_vocab_size == 50
     # without a shared cache every call loads again
     build_decoder(DecoderSpec(drafter=saved_drafter), s)
     assert count_loads == [saved_drafter, saved_drafter]
