@@ -399,6 +399,9 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
         f_hidden = hidden.gather(1, src[:, :, None].expand(n, k, hidden.shape[-1]))
         f_score, f_ids = child_score.gather(1, best), child_ids.flatten(1).gather(1, best)
 
+    if k == 1:  # a chain: every level's one candidate, in depth order, is what the ranking below would keep
+        return _chain_trees(drafter, rows, torch.cat(cand_ids, 1), torch.cat(cand_score, 1),
+                            config.num_draft_tokens - 1)
     ids, scores, parents = torch.cat(cand_ids, 1), torch.cat(cand_score, 1).tolist(), torch.cat(cand_parent, 1)
     depth_of = [d for c, d in zip(cand_ids, cand_depth, strict=True) for _ in range(c.shape[1])]
     depths = torch.tensor(depth_of, device=device)
@@ -419,6 +422,26 @@ def draft_rows(drafter: Drafter, cache: KVCache, rows: Sequence[SpecRow], config
         trees.append(DraftTree(tokens, node_parents, node_depths, ancestor_mask(node_parents, device),
                                confidence=(1.0, *conf)))
     return trees
+
+
+_CHAINS: dict[tuple[int, str], tuple[list[int], Tensor, Tensor]] = {}  # (nodes, device) -> parents, depths, mask
+
+
+def _chain_trees(drafter: Drafter, rows: Sequence[SpecRow], ids: Tensor, scores: Tensor, m: int) -> list[DraftTree]:
+    """Each row's chain of its first ``m`` drafted tokens (``ids``, ``scores``: [n, levels], cumulative
+    log-probs), as ``draft_rows``' ranking builds it, without the ranking: a chain's nodes are its levels."""
+    device = ids.device
+    key = (m + 1, str(device))
+    if key not in _CHAINS:  # the same for every chain of this length: made once
+        parents = list(range(-1, m))
+        _CHAINS[key] = (parents, torch.arange(m + 1, device=device), ancestor_mask(parents, device))
+    parents, depths, mask = _CHAINS[key]
+    targets = drafter.to_target_ids(ids[:, :m])
+    roots = torch.tensor([[r.root] for r in rows], device=device)
+    tokens = torch.cat((roots, targets), 1)
+    # the draft's probability of each node after its parent (scores are cumulative log-probs)
+    conf = torch.diff(scores[:, :m], dim=1, prepend=scores.new_zeros(len(rows), 1)).exp().tolist()
+    return [DraftTree(tokens[b], parents, depths, mask, confidence=(1.0, *conf[b])) for b in range(len(rows))]
 
 
 def verify_rows(target: Transformer, cache: KVCache, rows: Sequence[SpecRow], trees: Sequence[DraftTree],

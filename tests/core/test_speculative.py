@@ -124,3 +124,37 @@ def test_every_rows_tree_drafted_together_equals_each_drafted_alone(config, kind
             assert together.tokens[b] == one.tokens[0]
             assert together.records[b].accepted == one.records[0].accepted
     assert len(set(tpool.lengths)) > 1 or kind == "self"
+
+
+@pytest.mark.parametrize("config", [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(3, 1, 3)], ids=str)
+def test_a_chain_is_each_levels_argmax_with_its_probability(config):
+    """A chain (top-1) skips the tree ranking: its nodes are the draft's argmax at each level, in order (the
+    first num_draft_tokens - 1 of them), each the child of the one before, with the draft's probability of
+    it as its confidence; drafted one level at a time by hand, the same."""
+    target = tiny_model(seed=3)
+    drafter = random_drafter(target, draft_vocab_size=61, seed=3, init_std=0.3)
+    row = SpecRow()
+    prompt = list(range(10, 22))
+    dcache = drafter.new_cache(64)
+    logits = prefill(target, target.new_cache(1, 64), row, prompt, len(prompt), drafter.config.aux_layer_ids)
+    start_draft(drafter, dcache, row, int(logits.argmax()))
+    tree = draft_rows(drafter, dcache, [row], config)[0]
+    m = config.num_draft_tokens - 1
+    assert tree.parents == list(range(-1, m)) and tree.depths.tolist() == list(range(m + 1))
+    assert torch.equal(tree.mask, ancestor_mask(tree.parents))
+    # by hand: the argmax of each level, fed its own output hidden state
+    expected, conf = [], []
+    state_logits, hidden = row.state.logits, row.state.hidden
+    for depth in range(m):
+        p = torch.softmax(state_logits.double(), -1)
+        best = int(p.argmax())
+        expected.append(int(drafter.to_target_ids(torch.tensor(best))))
+        conf.append(float(p[best]))
+        if depth + 1 < m:
+            n = dcache.length
+            step_logits, step_hidden = drafter(torch.tensor([[expected[-1]]]), hidden.view(1, 1, -1),
+                                               torch.tensor([row.dpairs - 1 + depth + 1]), dcache)
+            state_logits, hidden = step_logits[0, -1], step_hidden[0, -1]
+            assert dcache.length == n + 1
+    assert tree.tokens.tolist() == [row.root, *expected]
+    assert tree.confidence == pytest.approx((1.0, *conf))
