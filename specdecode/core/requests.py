@@ -90,6 +90,9 @@ def check_context(prompt_len: int, max_new_tokens: int, limit: int, margin: int 
     return need
 
 
+INCREMENTAL_CONTEXT = 6  # tokens of left context decoded again with each step's new ones (TextAssembler._decode)
+
+
 class TextAssembler:
     """Incremental detokenization with stop tokens, stop strings and a token budget.
 
@@ -107,6 +110,10 @@ class TextAssembler:
         self.text_ids: list[int] = []  # token_ids minus a final stop token
         self.text = ""  # text released so far
         self.finish_reason: str | None = None
+        # incremental decoding: the text of text_ids[:read] (whole characters), and where the window that is
+        # decoded again each time starts (a few tokens before ``read``: a token's text may depend on the ones
+        # before it, e.g. a leading space)
+        self._decoded, self._read, self._prefix = "", 0, 0
 
     def add(self, new_ids: list[int]) -> StreamChunk:
         taken: list[int] = []
@@ -121,7 +128,7 @@ class TextAssembler:
             self.text_ids.append(tok)
             if len(self.token_ids) >= self.max_new_tokens:
                 self.finish_reason = "length"
-        full = self.tokenizer.decode(self.text_ids)
+        full = self._decode()
         cut = self._find_stop(full)
         if cut is not None:
             full, self.finish_reason = full[:cut], "stop"
@@ -129,6 +136,21 @@ class TextAssembler:
         delta = full[len(self.text):release] if release > len(self.text) else ""
         self.text += delta
         return StreamChunk(taken, delta, self.finish_reason)
+
+    def _decode(self) -> str:
+        """The text of every token so far, as ``decode(text_ids)`` gives it, decoding only a window of the last
+        tokens (vLLM's incremental detokenization): decoding all of them at every step cost 35 us at 256 tokens
+        and 242 us at 2048 on a 2-core EPYC, a step's host work that grew with the answer. Where the window's
+        text does not extend its prefix's (a tokenizer whose text is not local), the whole decode."""
+        ids = self.text_ids
+        before = self.tokenizer.decode(ids[self._prefix:self._read])
+        window = self.tokenizer.decode(ids[self._prefix:])
+        full = (self._decoded + window[len(before):] if window.startswith(before)
+                else self.tokenizer.decode(ids))
+        if not full.endswith("\ufffd"):  # whole characters: the next window starts from here
+            self._decoded, self._read = full, len(ids)
+            self._prefix = max(0, self._read - INCREMENTAL_CONTEXT)
+        return full
 
     def _find_stop(self, full: str) -> int | None:
         # Only text after what was already released can hold a new match.

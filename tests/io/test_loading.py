@@ -156,3 +156,30 @@ def test_the_generic_fast_tokenizer_is_what_autotokenizer_gives():
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}]
     assert ours.chat_prompt(chat) == auto.chat_prompt(chat) and ours.chat_prompt("hi") == auto.chat_prompt("hi")
     assert ours.eos_token_ids == (2,) and int(auto.hf.eos_token_id) in ours.eos_token_ids
+
+
+@pytest.mark.model
+def test_incremental_text_is_the_whole_decode_on_the_real_tokenizer():
+    """The text layer decodes a window of the last tokens each step (``TextAssembler._decode``): on SmolLM2's
+    tokenizer, fed in chunks of 1-5 tokens, the text released equals decoding every token at once, multi-byte
+    characters split across tokens, spaces, code and special tokens included."""
+    import random
+
+    from specdecode.core.requests import GenerateOptions, TextAssembler
+    from specdecode.io.loading import resolve_model_dir
+    from specdecode.io.tokenizer import load_tokenizer
+
+    _, model_dir = resolve_model_dir(None)
+    tok = load_tokenizer(model_dir)
+    text = ("déjà vu: 東京タワー, emoji 🙂🙂 and ∑x² = ½; "
+            "def f(x):\n    return x ** 2  # code\n\n\t  spaces  <|im_end|> after a special token. " * 3)
+    ids = tok.encode(text)
+    rng = random.Random(0)
+    for _ in range(5):
+        asm = TextAssembler(tok, GenerateOptions(max_new_tokens=len(ids) + 1, stop_token_ids=()))
+        out, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 5)
+            out.append(asm.add(ids[i:i + n]).text)
+            i += n
+        assert "".join(out) + (asm._decode()[len(asm.text):]) == tok.decode(ids)
