@@ -173,6 +173,7 @@ class BatchEngine:
         # batch-invariant: every step over the whole pool (EAGLE-3's drafts too: they then do not change with
         # the batch either; the output would not anyway, being the target's choice per token at fixed shapes)
         self.runner = fixed_rows(runner, model.device.type) if config.batch_invariant else runner
+        self.mixed_steps = False  # warm found some steps stored and others not, and runs them all eager
         self._pools: tuple[KVCache, KVCache | None] | None = None
         tokens = config.prefix_cache if config.prefix_cache is not None else config.slots * self.limit // 2
         self.prefix_tokens = tokens if tokens >= BLOCK else 0  # the prefix cache's size (0: none)
@@ -209,7 +210,10 @@ class BatchEngine:
         take. Prefill chunks stay eager. ``on_span(i, n)`` hears progress by span. ``seal``: then
         compile nothing more (a shape not warmed runs its padded step eager), so that no request of a
         server waits minutes for the compiler. Call it before any request, on the thread that steps;
-        returns how many graphs were compiled (0: eager steps)."""
+        returns how many graphs were compiled (0: eager steps). Sealed with some of those steps stored and
+        others not (a store holding ``generate``'s one-row graphs), every step runs eager from then on
+        (``mixed_steps``): a graph and an eager step round bf16 differently, and a request must get the same
+        tokens in any batch as alone."""
         steps = self.runner
         if not isinstance(steps, CompiledRunner) or not steps.compile or self.rows:
             return 0
@@ -222,6 +226,7 @@ class BatchEngine:
         plain = None if self.policy.name == "always" else self._aux()
         spec = self.spec if self.drafting else None
         before = len(steps.compiled)
+        steps.ran.clear()
         for i, span in enumerate(spans):
             if on_span is not None:
                 on_span(i, len(spans))
@@ -233,7 +238,15 @@ class BatchEngine:
             on_span(len(spans), len(spans))
         if seal:
             steps.build = False
+            if steps.mixes(set(steps.ran)):  # some batch sizes compiled, others eager: every step eager instead
+                self.run_eager()
         return len(steps.compiled) - before
+
+    def run_eager(self) -> None:
+        """Every step eager from now on: where some of this engine's steps would run a graph and others eager, a
+        request's tokens would depend on the batch it is in (``warm``)."""
+        self.runner = fixed_rows(EAGER, self.model.device.type) if self.config.batch_invariant else EAGER
+        self.mixed_steps = True
 
     def check_calibration(self, prompt_tokens: int, steps: int = CALIBRATION_STEPS) -> None:
         """Refuse (ValueError) slots too short for ``calibrate``: its prompt, then an untimed and ``steps``

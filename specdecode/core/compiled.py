@@ -187,6 +187,13 @@ class CompiledRunner:
     eager: dict[GraphKey, nn.Module] = field(default_factory=dict)
     compiled: list[tuple[GraphKey, float]] = field(default_factory=list)  # (key, seconds) in order
     loaded: list[GraphKey] = field(default_factory=list)  # graphs taken from the store, in order
+    ran: set[GraphKey] = field(default_factory=set)  # every bucket a call ran (a driver's warm reads it)
+
+    def mixes(self, keys: set[GraphKey]) -> bool:
+        """Whether of the buckets ``keys`` some run a graph and others their padded step eager: the two round
+        bf16 differently, so a driver's row would get other tokens in a batch than alone (issue 66)."""
+        graphs = sum(k in self.graphs for k in keys)
+        return 0 < graphs < len(keys) and self.compile
 
     def serves(self, batch: int, tokens: int, drafter: Any = None) -> bool:
         """Whether a call of ``tokens`` per row runs here (a ``drafter``'s: an EAGLE-3 head, where its graphs
@@ -266,6 +273,7 @@ class CompiledRunner:
         else:  # torch.compile (CUDA graphs on CUDA): a graph per span
             Sp_key = Sp
         key = GraphKey(Bp, Tp, Sp_key, kind, cache_shape, id(owner))
+        self.ran.add(key)
         args = (tokens, positions, slots, mask, view.k, view.v, *extra)
         fn = self.graphs.get(key)
         building = self.compile and self.build

@@ -107,6 +107,10 @@ def _warm(batcher: BatchEngine, max_len: int | None) -> None:
              "run eager", time.perf_counter() - t0, built, loaded, eager,
              " (not stored: `specdecode compile --serve` with these flags, or serve --compile on, builds them)"
              if eager else "")
+    if batcher.mixed_steps:
+        log.warning("some batch sizes have stored graphs and others not, and a graph rounds bf16 otherwise than an "
+                    "eager step, so a request's tokens would depend on its batch: every step runs eager. "
+                    "`specdecode compile --serve` with these flags stores them all")
 
 
 def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: int | None) -> None:
@@ -114,9 +118,11 @@ def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: 
     try:
         _warm(batcher, compile_max_len)
     except Exception:  # the server goes on with what was warmed; nothing more compiles while serving
-        log.exception("compiling the steps failed: the shapes not compiled run eager")
+        log.exception("compiling the steps failed: every step runs eager (a mix of graphs and eager steps would make "
+                      "a request's tokens depend on its batch)")
         if isinstance(batcher.runner, CompiledRunner):
             batcher.runner.build = False
+            batcher.run_eager()
     if batcher.policy.name == "auto":
         _calibrate(batcher, calibration_ids)
 

@@ -22,11 +22,12 @@ import torch
 from specdecode.bench.methods import build_method
 from specdecode.cli.common import runtime_config
 from specdecode.cli.main import build_parser, main
-from specdecode.core.batching import BatchConfig
+from specdecode.core.batching import BatchConfig, BatchEngine, generate_all
 from specdecode.core.compiled import CompiledRunner, DraftStep, TargetStep, span_buckets
 from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import baseline_decode
 from specdecode.core.quant import quantize_weights
+from specdecode.core.requests import GenerateOptions
 from specdecode.core.runner import EAGER
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
@@ -104,6 +105,22 @@ def test_precompile_pool_builds_what_serve_runs(tiny_session, tmp_path):
     assert first.loaded == 0 and first.sizes == [256] and heard == [(0, 1), (1, 1)] and first.disk_bytes > 0
     again = precompile_pool(CompiledRunner(store=PackageStore(tmp_path)), session.loaded, baseline_decode, batch, 256)
     assert again.built == [] and again.loaded == 1
+    # a server of 4 slots over that store (one row's graph stored, 2 and 4 rows not): a request alone would run the
+    # graph and the same request batched eager steps, which round otherwise (issue 66), so every step runs eager
+    model = session.loaded.model
+    alone = BatchEngine(model, Tok(), config=BatchConfig(slots=1, slot_tokens=256),
+                        runner=CompiledRunner(store=PackageStore(tmp_path), build=False))
+    alone.warm(256, seal=True)
+    assert not alone.mixed_steps and isinstance(alone.runner, CompiledRunner)  # its every step is stored
+    pool = BatchEngine(model, Tok(), config=BatchConfig(slots=4, slot_tokens=256),
+                       runner=CompiledRunner(store=PackageStore(tmp_path), build=False))
+    pool.warm(256, seal=True)
+    assert pool.mixed_steps and pool.runner is EAGER
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [20, 21], [30, 31, 32]]
+    options = GenerateOptions(max_new_tokens=6, stop_token_ids=())
+    together = generate_all(model, prompts, options, (), BatchConfig(slots=4, slot_tokens=256), runner=pool.runner)
+    assert together == [generate_all(model, [p], options, (), BatchConfig(slots=1, slot_tokens=256))[0]
+                        for p in prompts]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no CUDA device is visible")
