@@ -414,11 +414,12 @@ def quantize_linears(module: nn.Module, weights: str) -> int:
         return 0
     found = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
              if isinstance(child, nn.Linear)]
+    unfit = [f"{name} ({child.in_features} inputs, bias: {child.bias is not None})" for _, name, child in found
+             if weights == "q4" and (child.in_features % _INT4_GROUP or child.bias is not None)]
+    if unfit:  # refused before any layer changes: the module is left as it was
+        raise ValueError(f"{', '.join(unfit)}: the 4-bit format takes whole groups of {_INT4_GROUP} inputs and no "
+                         "bias; use --drafter-weights int8 or native")
     for parent, name, child in found:
-        if weights == "q4" and (child.in_features % _INT4_GROUP or child.bias is not None):
-            raise ValueError(f"{name} ({child.in_features} inputs, bias: {child.bias is not None}): the 4-bit "
-                             f"format takes whole groups of {_INT4_GROUP} inputs and no bias; use --drafter-weights "
-                             "int8 or native")
         setattr(parent, name, Int8Linear(child.weight, child.bias) if weights == "int8" else quantize_q4(child.weight))
     set_activations(module, DEFAULT_ACTIVATIONS)
     return len(found)

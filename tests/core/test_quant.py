@@ -143,6 +143,10 @@ def test_q4_quantization_is_no_worse_than_rounding_between_each_groups_extremes(
     plain = (torch.round((g - lo) / step).clamp(0, 15) * step + lo - g).pow(2).sum(-1)
     assert (got <= plain * (1 + 1e-3) + 1e-9).all() and got.sum() < 0.95 * plain.sum()
     assert got[5, 0] < 1e-9
+    mixed = torch.nn.Sequential(torch.nn.Linear(32, 16, bias=False), torch.nn.Linear(16, 32, bias=False))
+    with pytest.raises(ValueError, match=r"1 \(16 inputs, bias: False\): the 4-bit format takes whole groups"):
+        quantize_linears(mixed, "q4")
+    assert detect_format(mixed) == "native"  # refused before any layer changed
     with pytest.raises(ValueError, match="no bias; use --drafter-weights int8 or native"):
         quantize_linears(torch.nn.Sequential(torch.nn.Linear(32, 16)), "q4")
     with pytest.raises(ValueError, match="unknown drafter weight format 'int4'"):
