@@ -35,20 +35,23 @@ class Shape:
     def new(cls, chat: bool, model: str) -> Shape:
         return cls(chat, model, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time()))
 
-    def _object(self, kind: str, choices: list[dict], usage: dict | None = None) -> dict:
+    def _object(self, kind: str, choices: list[dict], usage: dict | None = None, metrics: dict | None = None) -> dict:
         out = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
         if usage is not None:
             out["usage"] = usage
+        if metrics:
+            out["metrics"] = metrics
         return out
 
-    def full(self, text: str, finish: str, usage: dict, token_ids: list[int] | None = None) -> dict:
+    def full(self, text: str, finish: str, usage: dict, token_ids: list[int] | None = None,
+             metrics: dict | None = None) -> dict:
         ids = {} if token_ids is None else {"token_ids": token_ids}
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": finish} | ids
-            return self._object("chat.completion", [choice], usage)
+            return self._object("chat.completion", [choice], usage, metrics)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish} | ids
-        return self._object("text_completion", [choice], usage)
+        return self._object("text_completion", [choice], usage, metrics)
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
               token_ids: list[int] | None = None) -> dict:
@@ -61,8 +64,8 @@ class Shape:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish} | ids
         return self._object("text_completion", [choice])
 
-    def usage_chunk(self, usage: dict) -> dict:
-        return self._object("chat.completion.chunk" if self.chat else "text_completion", [], usage)
+    def usage_chunk(self, usage: dict, metrics: dict | None = None) -> dict:
+        return self._object("chat.completion.chunk" if self.chat else "text_completion", [], usage, metrics)
 
 
 def usage_of(job: Job, completion: int) -> dict:
@@ -70,6 +73,20 @@ def usage_of(job: Job, completion: int) -> dict:
     prompt = len(job.prompt_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
+
+
+def metrics_of(job: Job) -> dict | None:
+    """The request's own speculative decoding, as vLLM returns it per request (its ``metrics.speculative_decoding``,
+    vllm-project/vllm#48915): accept length (the bonus token counted), accepted / drafted, how many cycles
+    accepted exactly j draft tokens (index j), and the counts. None where the request never speculated."""
+    p = job.profile
+    if p is None or not p.cycles:
+        return None
+    histogram = [p.depth_hist.get(j, 0) for j in range(max(p.depth_hist, default=0) + 1)]
+    return {"speculative_decoding": {
+        "mean_acceptance_length": p.accept_length, "draft_acceptance_rate": p.accept_rate if p.drafted else 0.0,
+        "acceptance_histogram": histogram, "num_spec_steps": p.cycles, "num_accepted_draft_tokens": p.accepted,
+        "num_draft_tokens": p.drafted, "num_spec_tokens": p.max_depth}}
 
 
 def _sse(obj: dict) -> str:
@@ -92,7 +109,7 @@ async def stream_events(job: Job, shape: Shape, include_usage: bool, token_ids: 
                 yield _sse(shape.chunk(finish=chunk.finish_reason))
         on_end(200)
         if include_usage:
-            yield _sse(shape.usage_chunk(usage_of(job, tokens)))
+            yield _sse(shape.usage_chunk(usage_of(job, tokens), metrics_of(job)))
     except APIError as e:  # the status line is already sent: report in-band, as OpenAI does
         on_end(e.status)
         yield _sse(e.body())
@@ -149,4 +166,4 @@ async def collect(scheduler: Scheduler, job: Job, shape: Shape, receive, token_i
     finally:
         watcher.cancel()
         scheduler.cancel(job)
-    return shape.full("".join(parts), finish, usage_of(job, len(ids)), ids if token_ids else None)
+    return shape.full("".join(parts), finish, usage_of(job, len(ids)), ids if token_ids else None, metrics_of(job))

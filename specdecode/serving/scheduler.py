@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from specdecode.core.batching import Finished, StepReport
+from specdecode.core.profiler import SpecProfile
 from specdecode.core.requests import GenerateOptions, StreamChunk
 from specdecode.serving.config import DEFAULT_MAX_QUEUED
 from specdecode.serving.errors import APIError, shutting_down
@@ -45,6 +46,7 @@ class Job:
     accepted_at: float = field(default_factory=time.perf_counter)
     cached_tokens: int = 0  # prompt tokens the prefix cache gave (set by the worker before STARTED)
     last_token_at: float | None = None  # when its previous tokens were delivered (worker thread)
+    profile: SpecProfile | None = None  # its speculative cycles (set by the worker before END)
 
     def post(self, event: object) -> None:
         """Called from the worker thread."""
@@ -268,6 +270,7 @@ class Scheduler:
             if job is None:
                 continue
             self.metrics.count_finished(done)
+            job.profile = done.profile
             seconds = now - job.accepted_at
             self._request_s = seconds if not self._request_s else 0.8 * self._request_s + 0.2 * seconds
             job.post(END)  # after the bookkeeping: a client that saw its end finds the slot free

@@ -120,3 +120,37 @@ def test_unknown_model_is_404(http, client):
 def test_unsupported_method_is_openai_shaped(http):
     err = error_of(http.get(COMPLETIONS), 405)
     assert err["type"] == "invalid_request_error"
+
+
+def test_a_speculating_request_gets_its_own_speculative_metrics(loaded, decoder, tokenizer):
+    """vLLM's per-request shape (``metrics.speculative_decoding``) in the response, and in a stream's last (usage)
+    chunk: the request's own cycles, as the engine counts them decoding it alone; none where it never speculated."""
+    from specdecode.core.batching import BatchConfig
+    from specdecode.serving.app import create_app
+    from tests.serving.helpers import Running
+
+    messages = [{"role": "user", "content": "Count to five."}]
+    want = expected(loaded, decoder, tokenizer.encode_chat(messages), 24).stats
+    for policy in ("always", "never"):
+        running = Running(create_app(loaded, decoder, NAME, api_key=KEY,
+                                     batch=BatchConfig(spec_policy=policy, prefill_chunk=32)))
+        try:
+            client = openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0)
+            r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=24, temperature=0)
+            chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=24, temperature=0,
+                                                         stream=True, stream_options={"include_usage": True}))
+        finally:
+            running.stop()
+        got, streamed = (r.model_extra or {}).get("metrics"), (chunks[-1].model_extra or {}).get("metrics")
+        if policy == "never":
+            assert got is None and streamed is None
+            continue
+        spec = got["speculative_decoding"]
+        assert streamed == got
+        assert spec["num_spec_steps"] == want["cycles"] and spec["mean_acceptance_length"] == pytest.approx(
+            want["accept_length"])
+        assert sum(spec["acceptance_histogram"]) == spec["num_spec_steps"]
+        assert sum(j * n for j, n in enumerate(spec["acceptance_histogram"])) == spec["num_accepted_draft_tokens"]
+        assert spec["num_draft_tokens"] == 2 * spec["num_spec_steps"] and spec["num_spec_tokens"] == 2  # SPEC: 2 steps
+        assert spec["draft_acceptance_rate"] == pytest.approx(spec["num_accepted_draft_tokens"]
+                                                              / spec["num_draft_tokens"])
