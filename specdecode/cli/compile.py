@@ -127,7 +127,7 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
             done = precompile_pool(session.compiled, session.loaded, decoder.decode, batch, args.max_len, on_size)
         else:
             shapes = [decoder.config] if decoder.config is not None else []
-            if candidates:
+            if candidates and drafter is not None:  # a model without a drafter: plain decoding's graph only
                 shapes += [s for s in candidate_shapes() if s not in shapes]
             done = precompile(session.loaded.model, steps, drafter, shapes, args.max_len, on_size)
     if done.built and drafter is not None and decoder.drafter_path is not None:

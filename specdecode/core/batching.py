@@ -21,7 +21,7 @@ from typing import cast
 import torch
 
 from specdecode.core.attention import rows_mask
-from specdecode.core.compiled import CompiledRunner, fixed_rows, padded_rows, span_buckets
+from specdecode.core.compiled import CompiledRunner, GraphKey, fixed_rows, padded_rows, span_buckets
 from specdecode.core.kvcache import KVCache
 from specdecode.core.model import Transformer
 from specdecode.core.ngram import NgramIndex
@@ -226,19 +226,23 @@ class BatchEngine:
         plain = None if self.policy.name == "always" else self._aux()
         spec = self.spec if self.drafting else None
         before = len(steps.compiled)
-        steps.ran.clear()
-        for i, span in enumerate(spans):
-            if on_span is not None:
-                on_span(i, len(spans))
-            for b in sizes:
-                steps.warm_rows(self.model, self.drafter, tpool.rows(0, b),
-                                dpool.rows(0, b) if dpool is not None else None, span, spec, plain,
-                                catch_up=plain is not None)
+        ran: set[GraphKey] = set()
+        steps.ran = ran  # the buckets these steps run, recorded while warming
+        try:
+            for i, span in enumerate(spans):
+                if on_span is not None:
+                    on_span(i, len(spans))
+                for b in sizes:
+                    steps.warm_rows(self.model, self.drafter, tpool.rows(0, b),
+                                    dpool.rows(0, b) if dpool is not None else None, span, spec, plain,
+                                    catch_up=plain is not None)
+        finally:
+            steps.ran = None
         if on_span is not None:
             on_span(len(spans), len(spans))
         if seal:
             steps.build = False
-            if steps.mixes(set(steps.ran)):  # some batch sizes compiled, others eager: every step eager instead
+            if steps.mixes(ran):  # some batch sizes compiled, others eager: every step eager instead
                 self.run_eager()
         return len(steps.compiled) - before
 

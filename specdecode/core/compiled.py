@@ -187,7 +187,7 @@ class CompiledRunner:
     eager: dict[GraphKey, nn.Module] = field(default_factory=dict)
     compiled: list[tuple[GraphKey, float]] = field(default_factory=list)  # (key, seconds) in order
     loaded: list[GraphKey] = field(default_factory=list)  # graphs taken from the store, in order
-    ran: set[GraphKey] = field(default_factory=set)  # every bucket a call ran (a driver's warm reads it)
+    ran: set[GraphKey] | None = None  # while a driver warms (``recording``): every bucket a call ran
 
     def mixes(self, keys: set[GraphKey]) -> bool:
         """Whether of the buckets ``keys`` some run a graph and others their padded step eager: the two round
@@ -273,7 +273,8 @@ class CompiledRunner:
         else:  # torch.compile (CUDA graphs on CUDA): a graph per span
             Sp_key = Sp
         key = GraphKey(Bp, Tp, Sp_key, kind, cache_shape, id(owner))
-        self.ran.add(key)
+        if self.ran is not None:  # only while a driver warms: not on every step of the decode loop
+            self.ran.add(key)
         args = (tokens, positions, slots, mask, view.k, view.v, *extra)
         fn = self.graphs.get(key)
         building = self.compile and self.build
