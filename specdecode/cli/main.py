@@ -8,6 +8,7 @@ tensor-parallel workers when asked, and turns the library's errors into exit cod
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import random
@@ -124,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # after BrokenPipeError, one of them
+        if e.errno not in (errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"specdecode {args.command}: error: {e.strerror}: {e.filename}; give a path on a writable file system "
+              f"with room (check SPECDECODE_CACHE and the command's path flags)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

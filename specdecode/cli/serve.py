@@ -17,6 +17,7 @@ from specdecode.core.specpolicy import SPEC_POLICIES
 from specdecode.serving.config import ServeConfig
 
 _DEFAULTS = ServeConfig()
+MIN_CONTEXT = 128  # tokens per request a server holds at least (--context-length)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,10 +94,14 @@ def add_batch_args(g: argparse._ActionsContainer) -> None:
 def batch_config(args: argparse.Namespace) -> BatchConfig:
     """The batching flags as a ``BatchConfig`` (ValueError on a bad value)."""
     for flag, value, least in (("--max-running-requests", args.max_running_requests, 1),
-                               ("--context-length", args.context_length, 2),
                                ("--chunked-prefill-size", args.chunked_prefill_size, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if args.context_length is not None and args.context_length < MIN_CONTEXT:
+        # refused before the model loads: the engine's own check (spec policy auto's start-up timing, about 70
+        # tokens for SmolLM2) needs the tokenizer and the drafter's shape, so it came after a 17 s load
+        raise ValueError(f"--context-length must be >= {MIN_CONTEXT} tokens, got {args.context_length}: a request "
+                         "holds its chat template, prompt, answer and speculative slots")
     policy = args.spec_policy
     if args.batch_invariant and policy == "auto":  # auto may choose per batch size: one mode for every size
         # plain: in the batch-invariant engine, speculative steps measured slower than plain ones alone and

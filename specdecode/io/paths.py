@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from specdecode.io.errors import ModelLoadError
@@ -57,6 +58,22 @@ def cache_root() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "specdecode"
+
+
+def check_cache_writable() -> Path:
+    """The cache root, made if missing; ValueError, one line with the fix, where it cannot be written (a
+    read-only mount, another user's directory, a file in its path). Checked before a model loads: a read-only
+    cache used to fall back to other kernels (no lock file) and then end in a traceback when a result was kept."""
+    root = cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"the cache {root} cannot be written ({e.strerror or e}): it keeps what this machine "
+                         "measured and built (kernel plans, converted models, compiled graphs); set SPECDECODE_CACHE "
+                         "to a writable directory (a copy of this one keeps all of it)") from None
+    return root
 
 
 def file_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
@@ -113,29 +130,44 @@ def file_hash(path: str | Path | None, cache: dict[tuple[str, int, int], str] | 
     return h.hexdigest()[:16]
 
 
+OUTPUT_MARKER = ".specdecode-output"  # in every directory ``prepare_output`` readied: what --overwrite may empty
+
+
 def prepare_output(out: str | Path, flag: str, overwrite: bool, resumable: str | None = None) -> bool:
     """Make ``out`` ready to be written whole, before any expensive work. A directory (or, for a path
     ending in a file suffix such as ``.gguf``, a file) that already holds something is refused unless
-    ``overwrite``, which removes it first, so that old files never sit beside new ones. A directory
-    holding ``resumable`` (e.g. ``checkpoint``) is a run to resume and kept; returns whether it is one."""
+    ``overwrite``, which removes it first, so that old files never sit beside new ones; a directory is
+    removed only if a specdecode command made it (it holds ``OUTPUT_MARKER``) and holds no ``.git``: an
+    ``--out`` naming a source tree by mistake is refused, not wiped. A directory holding ``resumable``
+    (e.g. ``checkpoint``) is a run to resume and kept; returns whether it is one."""
     path = Path(out)
+    if path.is_symlink():
+        raise ValueError(f"{flag} {path} is a symbolic link (to {os.readlink(path)}); give the path it points to, "
+                         f"or a new one")
     if path.suffix and not path.is_dir():  # a single file
         if path.exists() and not overwrite:
             raise ValueError(f"{flag} {path} already exists; give a new path, or pass --overwrite to replace it")
         return False
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {path} is a file, not a directory; give a directory path")
-    if not path.is_dir() or not any(path.iterdir()):
-        return False
-    if overwrite:
-        shutil.rmtree(path)
-        return False
-    if resumable is not None and (path / resumable).exists():
+    names = sorted(c.name for c in path.iterdir()) if path.is_dir() else []
+    held = [n for n in names if n != OUTPUT_MARKER]
+    shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
+    if held and not overwrite and resumable is not None and resumable in names:
         return True
-    names = sorted(c.name for c in path.iterdir())
-    held = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-    raise ValueError(f"{flag} {path} is not empty ({held}); give a new directory, or pass --overwrite to remove "
-                     f"what it holds first")
+    if held and not overwrite:
+        raise ValueError(f"{flag} {path} is not empty ({shown}); give a new directory, or pass --overwrite to "
+                         f"remove what it holds first")
+    if held and (OUTPUT_MARKER not in names or ".git" in names):
+        why = "a git repository" if ".git" in names else "not made by a specdecode command"
+        raise ValueError(f"{flag} {path} holds files specdecode did not write ({shown}: {why}): --overwrite empties "
+                         f"only a directory a specdecode command made (it holds {OUTPUT_MARKER}); give a new "
+                         f"directory, or empty this one yourself")
+    if held:
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / OUTPUT_MARKER).write_text("written by specdecode: `--overwrite` may empty this directory\n")
+    return False
 
 
 def share_readable(path: str | Path) -> None:

@@ -17,7 +17,7 @@ from specdecode.core.kernels import KernelPlan
 from specdecode.core.quant import DEFAULT_ACTIVATIONS, activation_bits, set_activations
 from specdecode.core.runner import EAGER, StepRunner
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
-from specdecode.io.paths import is_default_model
+from specdecode.io.paths import check_cache_writable, is_default_model
 from specdecode.runtime.autoformat import AUTO, resolve_format
 from specdecode.runtime.compiling import (
     compiled_runner,
@@ -125,6 +125,7 @@ def start(config: RuntimeConfig, on_compile: Callable[[GraphKey, float | None], 
     its weights in the asked format, install its linear kernels (measured once per machine) and,
     where ``config.compile`` resolves on, its compiled steps (``on_compile`` hears each graph's
     compilation: (key, None) before, (key, seconds) after)."""
+    check_cache_writable()
     threads = configure_threads(config.threads)
     device = resolve_device(config.device)
     if config.weights != AUTO:

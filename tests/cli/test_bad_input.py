@@ -21,6 +21,8 @@ BAD = [
     (["generate", "Hi", "--model", "/nonexistent.gguf"], "/nonexistent.gguf"),
     (["serve", "--port", "99999"], "--port must be in [0, 65535]"),
     (["serve", "--max-running-requests", "0"], "--max-running-requests must be >= 1"),
+    (["serve", "--context-length", "32"], "--context-length must be >= 128 tokens, got 32"),
+    (["compile", "--serve", "--context-length", "100"], "--context-length must be >= 128 tokens, got 100"),
     (["bench", "--methods", "baseline,eagle4", "--no-store"], "unknown method 'eagle4'"),
     (["bench", "--prompts", "/nonexistent.jsonl", "--no-store"], "/nonexistent.jsonl: no such file"),
     (["bench", "--num-prompts", "0", "--no-store"], "--num-prompts: must be at least 1"),
@@ -78,3 +80,38 @@ def test_serve_refuses_a_port_in_use_before_the_model_loads(monkeypatch, capsys)
         assert main(["serve", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "choose --port" in err, err
+
+
+def test_an_unwritable_cache_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """A cache under a file, or read-only (a directory of mode 0555, or as root a read-only mount): one line that
+    names the fix, before the model loads; it had first fallen back to other kernels, then ended in a traceback."""
+    import os
+    import subprocess
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the cache was checked")
+
+    monkeypatch.setattr(session, "load_model", no_load)
+    (tmp_path / "file").write_text("")
+    caches = [tmp_path / "file" / "cache"]
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = False
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        caches.append(ro)
+    elif subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)], capture_output=True).returncode == 0:
+        mounted = True
+        caches.append(ro)
+    try:
+        for cache in caches:
+            monkeypatch.setenv("SPECDECODE_CACHE", str(cache))
+            assert main(["generate", "Hi", "--max-new-tokens", "2"]) == 2
+            lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+            assert len(lines) == 1 and f"the cache {cache} cannot be written" in lines[0], lines
+            assert "set SPECDECODE_CACHE to a writable directory" in lines[0]
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+        ro.chmod(0o755)
+    assert len(caches) == 2 or os.geteuid() == 0  # the read-only case ran, unless root could not mount

@@ -246,8 +246,32 @@ def test_a_missing_llama_server_names_every_way_to_get_one(monkeypatch):
 
 def test_export_refuses_a_non_empty_out_before_loading_anything(tmp_path):
     """A stale *.safetensors beside an export made it unloadable: a non-empty --out is refused (exit 2,
-    nothing written) unless --overwrite, which empties it first; an existing .gguf likewise."""
+    nothing written) unless --overwrite, which empties it first, and only where an export made it: a
+    folder holding .git and src/ named by mistake is refused and left as it was; an existing .gguf likewise."""
+    from specdecode.io.paths import OUTPUT_MARKER
     from tests.helpers import run_specdecode
+
+    def tree(root):
+        return sorted((str(p.relative_to(root)), p.read_text() if p.is_file() else None) for p in root.rglob("*"))
+
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    (repo / "src").mkdir()
+    (repo / "src" / "main.py").write_text("print()")
+    before = tree(repo)
+    for _marked in (False, True):  # even with the marker (written by hand), never a git repository
+        refused = run_specdecode("export", "--format", "vllm", "--out", str(repo), "--overwrite", check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "a git repository" in refused.stderr and "empty this one yourself" in refused.stderr
+        assert tree(repo) == before
+        (repo / OUTPUT_MARKER).write_text("")
+        before = tree(repo)
+    link = tmp_path / "link"
+    link.symlink_to(repo)
+    refused = run_specdecode("export", "--format", "vllm", "--out", str(link), "--overwrite", check=False)
+    assert refused.returncode == 2 and "is a symbolic link" in refused.stderr and "Traceback" not in refused.stderr
+    assert tree(repo) == before
 
     out = tmp_path / "e"
     out.mkdir()
@@ -255,13 +279,18 @@ def test_export_refuses_a_non_empty_out_before_loading_anything(tmp_path):
     refused = run_specdecode("export", "--format", "vllm", "--out", str(out), check=False)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
     assert [p.name for p in out.iterdir()] == ["old.safetensors"]
+    refused = run_specdecode("export", "--format", "vllm", "--out", str(out), "--overwrite", check=False)
+    assert refused.returncode == 2 and "not made by a specdecode command" in refused.stderr
     gguf = tmp_path / "d.gguf"
     gguf.write_text("old")
     refused = run_specdecode("export", "--format", "gguf", "--out", str(gguf), check=False)
     assert refused.returncode == 2 and "already exists" in refused.stderr and gguf.read_text() == "old"
-    done = run_specdecode("export", "--format", "vllm", "--out", str(out), "--overwrite", check=False)
+    fresh = tmp_path / "fresh"
+    assert run_specdecode("export", "--format", "vllm", "--out", str(fresh), check=False).returncode == 0
+    (fresh / "old.safetensors").write_text("stale")  # beside an export: emptied by --overwrite
+    done = run_specdecode("export", "--format", "vllm", "--out", str(fresh), "--overwrite", check=False)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in fresh.iterdir()) == sorted([OUTPUT_MARKER, "config.json", "model.safetensors"])
 
 
 def test_exported_and_converted_files_are_readable_by_other_users(tmp_path, monkeypatch):

@@ -200,8 +200,52 @@ def test_damaged_graph_is_said_and_left_to_eager(stored, tmp_path):
     said: list[str] = []
     steps = CompiledRunner(store=PackageStore(copy, log=said.append), build=False)
     assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=steps) == eager
-    assert steps.loaded == [] and said and "could not be loaded" in said[0] and "damaged, removed" in said[0]
+    assert steps.loaded == [] and said and "is damaged" in said[0] and "removed" in said[0]
     assert not list(copy.rglob("*.pt2"))  # removed, so the next build writes it whole
+
+
+def test_corrupt_content_in_a_whole_zip_is_caught_before_the_loader_runs_it(stored, tmp_path):
+    """Bytes changed inside a package whose zip structure is intact: loading it let the C++ loader run a corrupt
+    library, and the process died by SIGTRAP with no message. Each member's CRC is checked first: one line, the
+    package removed, the shape eager."""
+    model, drafter, prompt, root, eager, *_ = stored
+    copy = tmp_path / "graphs"
+    shutil.copytree(root, copy)
+    packages = sorted(copy.rglob("*.pt2"))
+    for f in packages:
+        with zipfile.ZipFile(f) as z:
+            lib = max(z.infolist(), key=lambda i: i.file_size)  # the library
+        data = bytearray(f.read_bytes())
+        start = lib.header_offset + 30 + len(lib.filename.encode()) + len(lib.extra)
+        for at in range(start + lib.compress_size // 3, start + lib.compress_size // 3 + 4096):
+            data[at] ^= 0xFF
+        f.write_bytes(bytes(data))
+        with zipfile.ZipFile(f) as z:
+            assert z.namelist() and z.testzip() == lib.filename  # still a zip; its content fails the CRC
+    said: list[str] = []
+    steps = CompiledRunner(store=PackageStore(copy, log=said.append), build=False)
+    assert generate(model, Eagle3Decoder(drafter, CHAIN), prompt, runner=steps) == eager
+    assert steps.loaded == [] and len(said) == len(packages) and all("fails its CRC check" in m for m in said)
+    assert not list(copy.rglob("*.pt2"))
+
+
+def test_partial_builds_of_dead_processes_are_pruned_and_the_cap_takes_inf(tmp_path, monkeypatch):
+    """A build killed midway leaves <graph>.<pid>.pt2 in .building/: the next build or prune removes those of
+    processes no longer alive and keeps a live builder's. $SPECDECODE_GRAPH_CACHE_GB=inf means no cap."""
+    where = tmp_path / "graphs" / "abc"
+    building = where / compiling.BUILDING
+    building.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (building / f"target-r1-t1.{int(dead.stdout)}.pt2").write_bytes(b"partial")
+    (building / f"target-r1-t2.{os.getpid()}.pt2").write_bytes(b"being built")
+    PackageStore(tmp_path / "graphs").prune()
+    assert [p.name for p in building.iterdir()] == [f"target-r1-t2.{os.getpid()}.pt2"]
+    monkeypatch.setenv(compiling.CAP_ENV, "inf")
+    assert compiling.graph_cache_cap() == sys.maxsize
+    for bad in ("nan", "-1", "lots"):
+        monkeypatch.setenv(compiling.CAP_ENV, bad)
+        with pytest.raises(ValueError, match="inf: no cap"):
+            compiling.graph_cache_cap()
 
 
 def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from specdecode.core.sampling import SamplingParams
 from specdecode.io.checkpoints import load_drafter
 from specdecode.io.hf import load_hf_dir
+from specdecode.io.paths import OUTPUT_MARKER
 from specdecode.training.dataset import DataSet, draft_vocab, heldout_split
 from tests.helpers import eagle3_steps, plain_steps, save_tiny_hf
 
@@ -661,7 +662,8 @@ def test_train_refuses_an_out_that_holds_another_drafter_unless_overwrite(tiny_s
     model_dir, data, tmp = tiny_setup
     out = tmp / "taken"
     out.mkdir()
-    for name, text in (("config.json", "{}"), ("acceptance.json", "{}"), ("README.md", "old card")):
+    for name, text in (("config.json", "{}"), ("acceptance.json", "{}"), ("README.md", "old card"),
+                       (OUTPUT_MARKER, "")):  # a drafter an earlier run wrote
         (out / name).write_text(text)
     before = {p.name: p.read_text() for p in out.iterdir()}
     refused = subprocess.run(train_cmd(model_dir, data, out, "--max-steps", "2"), capture_output=True, text=True,
