@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.io.paths import file_hash
+from specdecode.runtime.background import running_build
 
 # Environment variables that change how fast kernels and collectives run.
 PERF_ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_",
@@ -203,6 +204,7 @@ def capture(*, threads: int, dtype: str, device: str, model_path=None, drafter_p
                     "sha256": ",".join(file_hash(p) or "missing" for p in drafter_paths) or None,
                     "weights": ",".join(drafter_weights) or None},
         "argv": redact_argv(sys.argv if argv is None else argv),
+        "graph_build_running": running_build() is not None,  # runtime.background: a build shares the cores
     }
     if launch_profile:
         fp["launch_profile"] = launch_profile
@@ -286,6 +288,8 @@ def comparable(fp: dict) -> dict[str, tuple[object, int, str]]:
         "drafter file": ((fp.get("drafter") or {}).get("sha256"), 3, "different drafter: acceptance"),
         "drafter weights": ((fp.get("drafter") or {}).get("weights"), 3, "drafter format: draft cost, acceptance"),
         "launch profile": ((fp.get("launch_profile") or {}).get("name"), 1, "named environment"),
+        "graph build running": (bool(fp.get("graph_build_running")), 3,
+                                "a background build of compiled graphs shares the cores, caches and memory bandwidth"),
         "project commit": (fp.get("git_commit"), 2, "code changed"),
         "hostname": (fp.get("hostname"), 1, "different machine"),
         "python version": ((fp.get("versions") or {}).get("python"), 1, "interpreter overhead"),

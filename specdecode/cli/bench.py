@@ -92,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
 
     from specdecode.bench.harness import measure, prepare_bench, profile_contradictions, stored_baseline
     from specdecode.bench.store import ResultsStore, Run, new_run_id, now
-    from specdecode.cli.common import runtime_config, save_and_report
+    from specdecode.cli.common import runtime_config, save_and_report, warn_if_building
     from specdecode.runtime.session import start
 
     console = Console(stderr=True)
     concurrency = parse_int_list(args.concurrency or "1", "--concurrency")
+    warn_if_building(console)
     if args.endpoint:
         if len(concurrency) != 1:
             raise ValueError(f"--endpoint measures one concurrency per run; got {args.concurrency}")

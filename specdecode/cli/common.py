@@ -265,6 +265,15 @@ def save_and_report(run: Any, store: Any, out: str | None, console: Any) -> None
     console.print(f"run {run.run_id} saved to {' and '.join(where) or 'nowhere (--no-store, no --out)'}")
 
 
+def warn_if_building(console: Any) -> None:
+    """``bench``, ``sweep`` and ``tune``: say so, first, when compiled graphs are being built on this machine
+    (``runtime.background.build_warning``); the run's fingerprint records it too."""
+    from specdecode.runtime.background import build_warning
+
+    if (warning := build_warning()) is not None:
+        console.print(warning, style="bold red", markup=False, highlight=False, soft_wrap=True)
+
+
 def notice(message: str) -> None:
     """``runtime.session.start``'s ``log``: long work at start (a kernel plan being measured) said on stderr."""
     print(message, file=sys.stderr, flush=True)

@@ -77,9 +77,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from specdecode.bench.sweep import settings
-    from specdecode.cli.common import runtime_config
+    from specdecode.cli.common import runtime_config, warn_if_building
 
     console = Console(stderr=True)
+    warn_if_building(console)
     config = sweep_config(args)
     points = settings(runtime_config(args), args.dtypes, args.threads_grid)
     bests = []

@@ -45,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.bench.profiles import save_profile
     from specdecode.bench.store import ResultsStore
     from specdecode.bench.tune import child_command, plan, point_label, tune
-    from specdecode.cli.common import save_and_report
+    from specdecode.cli.common import save_and_report, warn_if_building
 
     console = Console(stderr=True)
+    warn_if_building(console)
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
     config = TuneConfig(env=tuple(args.env), command=args.command, rounds=args.rounds, method=args.method,
                         timeout_s=args.timeout, command_args=tuple(bench_args))

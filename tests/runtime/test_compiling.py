@@ -470,6 +470,7 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     assert built.pid == 4242 and built.log == root / "build.log"
     argv, kw = started[0]
     assert argv[1:4] == ["-m", "specdecode.cli", "compile"] and argv[-1] == "--if-idle" and kw["start_new_session"]
+    assert kw["preexec_fn"] is background.lowest_priority  # idle scheduling class
     # the run's flags and the shape it decoded with (not auto's pick again), at least compile's length; auto
     # chose the top-k here, so every candidate shape's graphs too (auto times them on graphs)
     assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3,
@@ -482,6 +483,37 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     monkeypatch.setenv(background.BACKGROUND_ENV, "0")
     assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and len(started) == 1
     assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None
+
+
+def test_a_background_build_runs_idle_and_a_measurement_started_meanwhile_says_so(tmp_path, monkeypatch, capsys):
+    """The detached build runs in the idle scheduling class (every thread and compiler it starts inherits it), and
+    `bench`, `sweep` and `tune` started while a build holds the store's lock say so first, naming its pid; the run's
+    fingerprint records it, and `compare` ranks it as a difference that matters."""
+    from specdecode.bench.fingerprint import capture, diff
+    from specdecode.runtime import session
+
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"], capture_output=True,
+                           text=True, preexec_fn=background.lowest_priority, check=True)
+    assert int(child.stdout) == getattr(os, "SCHED_IDLE", -1)
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    assert background.running_build() is None and background.build_warning() is None
+
+    def stop(*args, **kwargs):
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(session, "load_model", stop)
+    idle = capture(threads=1, dtype="float32", device="cpu")
+    with background.build_lock(tmp_path / "graphs"):
+        assert background.running_build() == os.getpid()
+        for argv in (["bench", "--no-store"], ["sweep", "--no-store"], ["bench", "--concurrency", "1,2", "--no-store"]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.index("compiled graphs are being built (pid") < err.index("stopped before loading"), err
+        busy = capture(threads=1, dtype="float32", device="cpu")
+    assert busy["graph_build_running"] and not idle["graph_build_running"]
+    assert any(d.label == "graph build running" and d.impact == 3 for d in diff(idle, busy))
+    assert background.running_build() is None
 
 
 def test_constants_inductor_makes_go_with_a_package_without_weights(tmp_path):
