@@ -56,6 +56,7 @@ _EXPORTS = {
     "DecoderSpec": "specdecode.runtime.decoders",
     "Decoder": "specdecode.runtime.decoders",
     "build_decoder": "specdecode.runtime.decoders",
+    "build_missing": "specdecode.runtime.builds",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -177,7 +177,7 @@ def measure_formats(config: FormatsConfig, on_progress: Callable[[str], None] | 
     for name, (dtype, weights, kernels, activations) in zip(names, triples, strict=True):
         say(f"loading {name}")
         sessions.append(start(RuntimeConfig(model=config.model, dtype=dtype, threads=config.threads, weights=weights,
-                                            kernels=kernels, activations=activations)))
+                                            kernels=kernels, activations=activations, stored_graphs=False)))
     rows: list[dict] = [{"format": n, "dtype": d, "weights": w, "activations": a, "kernels": s.kernels.summary(),
                          "forward_ms": {}}
                         for n, (d, w, _, a), s in zip(names, triples, sessions, strict=True)]

@@ -286,30 +286,3 @@ def compile_notice(key: object, seconds: float | None) -> None:
               file=sys.stderr, flush=True)
     else:
         print(f"compiled ({key}) in {seconds:.1f} s", file=sys.stderr, flush=True)
-
-
-# flags of `specdecode compile` that are its own, not the run's: never forwarded by compile_args
-_COMPILE_OWN = frozenset({"help", "max_len", "serve", "prune", "dry_run", "if_idle"})
-
-
-def compile_args(args: argparse.Namespace, max_len: int) -> list[str]:
-    """The `specdecode compile` flags that build the graphs a run parsed into ``args`` needs: each model
-    and speculation flag of compile's that ``args`` holds with another value than its default, and
-    ``--compile-max-len``."""
-    from specdecode.cli.main import build_parser  # main imports every command's module, this one among them
-
-    root = build_parser(["compile"])
-    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction)).choices["compile"]
-    out: list[str] = []
-    for action in sub._actions:
-        if not action.option_strings or action.dest in _COMPILE_OWN or not hasattr(args, action.dest):
-            continue
-        value = getattr(args, action.dest)
-        if value == action.default or value is None or action.help == argparse.SUPPRESS:
-            continue
-        flag = max(action.option_strings, key=len)
-        if action.nargs == 0:  # store_true / store_false: the flag alone says it
-            out.append(flag)
-        else:
-            out += [flag, *(map(str, value) if isinstance(value, list | tuple) else [str(value)])]
-    return [*out, "--compile-max-len", str(max_len)]

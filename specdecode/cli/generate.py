@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, replace
-from typing import Any
 
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.common import (
     add_model_args,
     add_sampling_args,
     add_spec_args,
-    compile_args,
     compile_notice,
     decoder_spec,
     notice,
@@ -46,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from specdecode.core.profiler import format_profile
     from specdecode.core.requests import GenerateOptions, StreamChunk
     from specdecode.runtime.background import BACKGROUND_ENV
+    from specdecode.runtime.builds import build_missing, builds_after
     from specdecode.runtime.decoders import build_decoder
     from specdecode.runtime.session import start
     from specdecode.runtime.weights import weight_format
@@ -77,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                       "later runs load them in seconds and decode faster (benchmarks/results/q4-speculation/: eager "
                       "EAGLE-3 at 0.60x of compiled plain decoding)", style="yellow", markup=False, highlight=False,
                       soft_wrap=True)
-    if _builds_after(args, session) and session.compiled is None:  # a first run: time the cycle costs later
+    if builds_after(session) and session.compiled is None:  # a first run: its build times the cycle costs
         spec = replace(spec, defer_costs=True)
     decoder = build_decoder(spec, session, log=None if args.json else lambda m: err.print(m, markup=False))
     if decoder.choice is not None and not args.json:
@@ -135,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"profile: no speculative phases to time: this run decoded plain ({decoder.description}); "
                   f"{step_ms:.2f} ms a token after the first, {1000 * result.ttft_s:.0f} ms to the first. For the "
                   f"EAGLE-3 profile, {how}", style="yellow", markup=False, highlight=False, soft_wrap=True)
-    background = _build_missing(args, session, len(prompt_ids) + args.max_new_tokens, decoder.config)
+    background = build_missing(session, spec, decoder.config, len(prompt_ids) + args.max_new_tokens)
     record["background_compile"] = (asdict(background) | {"log": str(background.log) if background.log else None}
                                     if background is not None else None)
     if background is not None and background.pid is not None and not args.json:
@@ -158,41 +156,3 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"{decoder.description}: accept length {result.stats['accept_length']:.2f}, "
                       f"accept rate {result.stats['accept_rate']:.2f}", markup=False, highlight=False)
     return 0
-
-
-def _builds_after(args: argparse.Namespace, session: Any) -> bool:
-    """Whether this run's missing graphs are built after it (``_build_missing``), that build timing the
-    cycle costs too: ``--compile auto`` on one CPU process, $SPECDECODE_BACKGROUND_COMPILE not 0."""
-    from specdecode.runtime.background import BACKGROUND_ENV
-
-    return (args.compile == "auto" and session.device.type == "cpu" and session.world_size == 1
-            and os.environ.get(BACKGROUND_ENV, "1") != "0")
-
-
-def _build_missing(args: argparse.Namespace, session: Any, max_len: int, shape: Any) -> Any:
-    """``--compile auto`` on CPU: when a step shape of this run had no stored graph, `specdecode compile`
-    with this run's flags builds the missing ones in the background, after the run (on 2 cores a build
-    beside the decoding slows the decoding it is for), unless one is running. None: nothing to build.
-    The speculative ``shape`` this run decoded with (None: plain) is named, not chosen again: at 4 bits
-    auto's pick changed between two calibrations (docs/LOG.md, 2026-12-06 evening), and a set built for
-    another shape would leave this one eager. Where auto chose it, every candidate shape's graphs too
-    (``compile --with-candidates``): timed eager, deeper shapes never looked as cheap as they run."""
-    from specdecode.runtime.background import build_in_background
-    from specdecode.runtime.compiling import PackageStore
-    from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
-
-    steps = session.compiled
-    if not _builds_after(args, session):
-        return None
-    if steps is not None and not steps.eager:
-        return None  # every shape ran on a stored graph
-    root = steps.store.root if steps is not None and steps.store is not None else PackageStore().root
-    fixed = argparse.Namespace(**vars(args))
-    auto = not args.no_spec and (args.num_steps is None or args.topk is None)
-    if auto:  # the shape was auto's: every candidate's graphs, so that auto times each on graphs and may choose it
-        fixed.with_candidates = True
-    elif shape is None:
-        fixed.no_spec = True
-    if shape is not None:
-        fixed.num_steps, fixed.topk, fixed.num_draft_tokens = shape.num_steps, shape.topk, shape.num_draft_tokens
-    return build_in_background(compile_args(fixed, max(max_len, DEFAULT_COMPILE_MAX_LEN)), root)

@@ -66,6 +66,10 @@ class BatchFullError(RuntimeError):
     """Every slot is taken: retry when a request finishes."""
 
 
+# contexts (prompt + new tokens) compiled graphs are made for at least (`serve`, `specdecode compile`, the build a run
+# starts in the background): longer ones run eager
+DEFAULT_COMPILE_MAX_LEN = 1024
+
 @dataclass(frozen=True)
 class BatchConfig:
     slots: int = 8  # requests decoded together at most

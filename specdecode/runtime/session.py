@@ -53,8 +53,9 @@ class RuntimeConfig:
     activations: str = DEFAULT_ACTIVATIONS
     compile: str = "auto"  # core.compiled.COMPILE_MODES: decode/verify steps compiled (runtime.compiling)
     long_running: bool = False  # data build: what --compile auto compiles for (at first use)
-    # generate, serve: --compile auto runs the graphs stored for this machine (specdecode compile)
-    stored_graphs: bool = False
+    # --compile auto runs the graphs stored for this machine (`specdecode compile`, or a run's background build:
+    # runtime.builds), other shapes eager; False (bench, sweep, check: what they are told): eager
+    stored_graphs: bool = True
 
     @property
     def is_default_model(self) -> bool:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdecode.core.batching import BatchConfig
+from specdecode.core.batching import DEFAULT_COMPILE_MAX_LEN, BatchConfig
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_QUEUED = 256
-# contexts (tokens) the compiled graphs are made for before serving (`serve`, `specdecode compile`)
-DEFAULT_COMPILE_MAX_LEN = 1024
+__all__ = ["DEFAULT_COMPILE_MAX_LEN", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_QUEUED", "ServeConfig"]
 
 
 @dataclass(frozen=True)

@@ -429,23 +429,20 @@ def test_the_graph_store_stays_under_its_cap_least_recently_used_first(tmp_path,
 
 
 def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background(tmp_path, monkeypatch):
-    """`generate --compile auto` hands the shapes it ran eager to `specdecode compile` with its own flags,
-    started detached after the run; the store's lock lets one process build at a time (compile --if-idle
-    leaves at once, before loading anything, when another holds it); $SPECDECODE_BACKGROUND_COMPILE=0 and
-    a run that found every graph start nothing."""
-    from argparse import Namespace
+    """A run hands the shapes it ran eager to `specdecode compile` with its own settings
+    (``runtime.builds.build_missing``), started detached after the run; the store's lock lets one process build
+    at a time (compile --if-idle leaves at once, before loading anything, when another holds it);
+    $SPECDECODE_BACKGROUND_COMPILE=0 and a run that found every graph start nothing."""
     from types import SimpleNamespace
 
-    from specdecode.cli.common import compile_args
-    from specdecode.cli.generate import _build_missing
-    from specdecode.serving.config import DEFAULT_COMPILE_MAX_LEN
+    from specdecode.core.costmodel import AutoSpec
+    from specdecode.runtime.builds import DEFAULT_COMPILE_MAX_LEN, build_missing, compile_flags
+    from specdecode.runtime.decoders import DecoderSpec
 
-    args = build_parser().parse_args(["generate", "hi", "--weights", "int8", "--num-steps", "2", "--threads", "3",
-                                      "--max-new-tokens", "7"])
-    flags = compile_args(args, 512)
+    runtime = RuntimeConfig(weights="int8", threads=3, stored_graphs=True)
+    flags = compile_flags(runtime, DecoderSpec(config=AutoSpec(num_steps=2)), None, 512)
     assert flags == ["--weights", "int8", "--threads", "3", "--num-steps", "2", "--compile-max-len", "512"]
-    assert build_parser().parse_args(["compile", *flags]).weights == "int8"  # compile takes every one of them
-    assert compile_args(build_parser().parse_args(["generate", "hi", "--no-spec"]), 600)[:1] == ["--no-spec"]
+    assert compile_flags(runtime, DecoderSpec(speculative=False), None, 600)[2:5] == ["--threads", "3", "--no-spec"]
 
     root = tmp_path / "graphs"
     with background.build_lock(root) as mine:
@@ -462,27 +459,65 @@ def test_one_build_at_a_time_and_a_run_starts_the_missing_ones_in_the_background
     monkeypatch.setattr(background.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw))
                         or SimpleNamespace(pid=4242))
     session = SimpleNamespace(compiled=CompiledRunner(store=PackageStore(root)), device=torch.device("cpu"),
-                              world_size=1)
-    auto = Namespace(**vars(args))
-    assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and not started  # every shape had a graph
+                              world_size=1, config=runtime)
+    auto = DecoderSpec(config=AutoSpec(num_steps=2))  # the top-k left to auto
+    assert build_missing(session, auto, SpecConfig(2, 1, 3), 100) is None and not started  # every shape had a graph
     session.compiled.eager[object()] = object()  # a shape ran eager
-    built = _build_missing(auto, session, 100, SpecConfig(2, 1, 3))
+    built = build_missing(session, auto, SpecConfig(2, 1, 3), 100)
     assert built.pid == 4242 and built.log == root / "build.log"
     argv, kw = started[0]
     assert argv[1:4] == ["-m", "specdecode.cli", "compile"] and argv[-1] == "--if-idle" and kw["start_new_session"]
     assert kw["preexec_fn"] is background.lowest_priority  # idle scheduling class
-    # the run's flags and the shape it decoded with (not auto's pick again), at least compile's length; auto
+    # the run's settings and the shape it decoded with (not auto's pick again), at least compile's length; auto
     # chose the top-k here, so every candidate shape's graphs too (auto times them on graphs)
-    assert argv[4:-1] == compile_args(Namespace(**(vars(args) | {"topk": 1, "num_draft_tokens": 3,
-                                                                 "with_candidates": True})), DEFAULT_COMPILE_MAX_LEN)
-    assert "--with-candidates" in argv
-    fixed = Namespace(**(vars(args) | {"topk": 1}))  # a shape the user gave: that shape alone
-    _build_missing(fixed, session, 100, SpecConfig(2, 1, 3))
+    assert argv[4:-1] == ["--weights", "int8", "--threads", "3", "--num-steps", "2", "--topk", "1",
+                          "--num-draft-tokens", "3", "--with-candidates", "--compile-max-len",
+                          str(DEFAULT_COMPILE_MAX_LEN)]
+    build_missing(session, DecoderSpec(config=AutoSpec(2, 1)), SpecConfig(2, 1, 3), 100)  # a shape the user gave
     assert "--with-candidates" not in started[1][0]
     started.pop()
     monkeypatch.setenv(background.BACKGROUND_ENV, "0")
-    assert _build_missing(auto, session, 100, SpecConfig(2, 1, 3)) is None and len(started) == 1
-    assert _build_missing(Namespace(**(vars(args) | {"compile": "off"})), session, 100, None) is None
+    assert build_missing(session, auto, SpecConfig(2, 1, 3), 100) is None and len(started) == 1
+    monkeypatch.setenv(background.BACKGROUND_ENV, "1")
+    for off in (replace(runtime, compile="off"), replace(runtime, stored_graphs=False)):  # bench: what it is told
+        session.config = off
+        assert build_missing(session, auto, None, 100) is None and len(started) == 1
+
+
+@pytest.mark.parametrize("runtime, spec, shape, serve", [
+    (RuntimeConfig(), None, None, None),
+    (RuntimeConfig(model="m.gguf", dtype="bfloat16", weights="q4", threads=2, kernels="static", activations="int16"),
+     {"drafter": "random", "aux_layer_convention": "vllm", "drafter_weights": "q4", "ngram": 3}, SpecConfig(3, 2, 5),
+     None),
+    (RuntimeConfig(weights="int8"), {"speculative": False}, None, None),
+    (RuntimeConfig(), {"config": SpecConfig(2, 1, 3)}, None, None),
+    (RuntimeConfig(dtype="float32"), {"adapt": True}, SpecConfig(2, 1, 3),
+     BatchConfig(slots=8, slot_tokens=2048, prefill_chunk=64, spec_policy="always", batch_invariant=True)),
+])
+def test_compile_flags_parse_back_into_the_same_settings(runtime, spec, shape, serve):
+    """``compile_flags`` is the inverse of the CLI's parsing: `specdecode compile` given them runs with the
+    run's model, format, drafter, shape and batching."""
+    from specdecode.cli.common import decoder_spec
+    from specdecode.cli.serve import batch_config
+    from specdecode.core.costmodel import AutoSpec
+    from specdecode.runtime.builds import compile_flags
+    from specdecode.runtime.decoders import DecoderSpec
+
+    spec = DecoderSpec(**(spec or {}))
+    args = build_parser().parse_args(["compile", *compile_flags(runtime, spec, shape, 777, serve=serve)])
+    parsed = runtime_config(args)
+    for name in ("model", "dtype", "weights", "device", "threads", "kernels", "activations"):
+        assert getattr(parsed, name) == getattr(runtime, name), name
+    got = decoder_spec(args)
+    for name in ("speculative", "drafter", "aux_layer_convention", "drafter_weights", "ngram", "adapt"):
+        assert getattr(got, name) == getattr(spec, name), name
+    if spec.speculative:
+        want = shape or spec.config
+        config = got.config.static() if isinstance(got.config, AutoSpec) else got.config
+        assert config == (want.static() if isinstance(want, AutoSpec) else want)
+    assert args.max_len == 777 and args.serve == (serve is not None)
+    if serve:
+        assert batch_config(args) == serve
 
 
 def test_a_background_build_runs_idle_and_a_measurement_started_meanwhile_says_so(tmp_path, monkeypatch, capsys):
