@@ -155,5 +155,5 @@ def run(args: argparse.Namespace) -> int:
     # owns torch's only OpenMP team (on_passing_thread says why: 45-47 -> 34-35 ms per token).
     # On CUDA it loads here: the current device is per thread.
     session, decoder = on_passing_thread(load, runtime.device)
-    serve(session, decoder, config)
+    serve(session, decoder, config, spec)
     return 0

@@ -16,6 +16,7 @@ import copy
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 
@@ -105,16 +106,18 @@ def _warm(batcher: BatchEngine, max_len: int | None) -> None:
     eager = len(steps.eager) - eager0
     log.info("compiled steps (%.1f s): %d graphs built, %d loaded, %d shapes eager%s; longer contexts and prefill "
              "run eager", time.perf_counter() - t0, built, loaded, eager,
-             " (not stored: `specdecode compile --serve` with these flags, or serve --compile on, builds them)"
-             if eager else "")
+             " (not stored: built in the background once the server is ready, for its next start; "
+             "`specdecode compile --serve` with these flags builds them in the foreground)" if eager else "")
     if batcher.mixed_steps:
         log.warning("some batch sizes have stored graphs and others not, and a graph rounds bf16 otherwise than an "
-                    "eager step, so a request's tokens would depend on its batch: every step runs eager. "
-                    "`specdecode compile --serve` with these flags stores them all")
+                    "eager step, so a request's tokens would depend on its batch: every step runs eager until a start "
+                    "finds them all stored")
 
 
-def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: int | None) -> None:
-    """Before the first request (which waits meanwhile): the compiled graphs, then the policy's timing."""
+def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: int | None,
+             on_ready: Callable[[], None] | None = None) -> None:
+    """Before the first request (which waits meanwhile): the compiled graphs, then the policy's timing, then
+    ``on_ready`` (``serve``: the build of the graphs that were not stored, in the background)."""
     try:
         _warm(batcher, compile_max_len)
     except Exception:  # the server goes on with what was warmed; nothing more compiles while serving
@@ -125,6 +128,8 @@ def _prepare(batcher: BatchEngine, calibration_ids: list[int], compile_max_len: 
             batcher.run_eager()
     if batcher.policy.name == "auto":
         _calibrate(batcher, calibration_ids)
+    if on_ready is not None:
+        on_ready()
 
 
 def _calibrate(batcher: BatchEngine, prompt_ids: list[int]) -> None:
@@ -158,18 +163,19 @@ def make_batcher(loaded: LoadedModel, decoder: TokenDecoder, batch: BatchConfig,
 def create_app(loaded: LoadedModel, decoder: TokenDecoder, served_model_name: str, *, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_queued: int = DEFAULT_MAX_QUEUED,
                log_interval_s: float = 10.0, shutdown_wait_s: float = 10.0, ranks: int = 1,
-               batch: BatchConfig = DEFAULT_BATCH, compile_max_len: int | None = DEFAULT_COMPILE_MAX_LEN) -> FastAPI:
+               batch: BatchConfig = DEFAULT_BATCH, compile_max_len: int | None = DEFAULT_COMPILE_MAX_LEN,
+               on_ready: Callable[[], None] | None = None) -> FastAPI:
     """The FastAPI app around one model and decoder; the worker starts with the app's lifespan. Requests
     run batched (``batch``: slots, tokens per slot, prefill chunk, spec policy), the compiled graphs loaded
-    or built first (``compile_max_len``). ``ranks`` > 1: rank 0 of a tensor-parallel group, whose other
-    ranks mirror its batch (``serving.mirror``)."""
+    or built first (``compile_max_len``), then ``on_ready`` called, before the first request. ``ranks`` > 1:
+    rank 0 of a tensor-parallel group, whose other ranks mirror its batch (``serving.mirror``)."""
     model = loaded.model
     metrics = Metrics(max_depth=decoder.max_depth)
     engine = make_batcher(loaded, decoder, batch, ranks)
     batcher: Batcher = MirroredBatcher(engine) if ranks > 1 else engine
     calibration_ids = loaded.tokenizer.encode_chat(CALIBRATION_CHAT)
     engine.check_calibration(len(calibration_ids))  # before serving, not a failure behind a healthy /health
-    prepare = partial(_prepare, engine, calibration_ids, compile_max_len)
+    prepare = partial(_prepare, engine, calibration_ids, compile_max_len, on_ready)
     log.info("continuous batching: up to %d requests of %d tokens, KV pool %.2f GB, prefix cache %d tokens "
              "(%.2f GB), spec policy %s", batch.slots, engine.limit, engine.pool_bytes() / 1e9,
              engine.prefix_tokens, engine.prefix_bytes() / 1e9, engine.policy.name)

@@ -7,9 +7,12 @@ import ipaddress
 import logging
 import re
 import socket
+from functools import partial
 from pathlib import Path
 
-from specdecode.runtime.decoders import Decoder
+from specdecode.core.batching import DEFAULT_COMPILE_MAX_LEN
+from specdecode.runtime.builds import build_missing
+from specdecode.runtime.decoders import Decoder, DecoderSpec
 from specdecode.runtime.session import Session
 from specdecode.serving.app import create_app, make_batcher, make_server
 from specdecode.serving.config import ServeConfig
@@ -49,9 +52,11 @@ def check_port(host: str, port: int) -> None:
                              f"or --host)") from None
 
 
-def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
+def serve(session: Session, decoder: Decoder, config: ServeConfig, spec: DecoderSpec | None = None) -> None:
     """Serve ``decoder`` over HTTP until SIGTERM/SIGINT. On ranks > 0 of a tensor-parallel
-    group, run the jobs rank 0 broadcasts instead, until rank 0 shuts down."""
+    group, run the jobs rank 0 broadcasts instead, until rank 0 shuts down. ``spec``: what ``decoder`` was
+    built from; given, the graphs the server found missing at start are built in the background for the next
+    start (``build_missing``)."""
     loaded = session.loaded
     name = config.served_model_name or default_model_name(loaded.source)
     if config.api_key is None and not is_loopback(config.host):
@@ -62,8 +67,10 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
         return
     app = create_app(loaded, decoder.decode, name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                      max_queued=config.max_queued, log_interval_s=config.log_interval, ranks=ranks,
-                     batch=config.batch, compile_max_len=config.compile_max_len)
+                     batch=config.batch, compile_max_len=config.compile_max_len,
+                     on_ready=partial(_build_missing, session, decoder, config, spec) if spec is not None else None)
     log.info("format: %s, %s weights (%s)", session.config.dtype, session.config.weights, session.format_reason)
+    log.info("compiled steps: %s", session.compile_reason)
     if decoder.choice is not None:
         log.info("%s", decoder.choice.summary())
     for note in decoder.notes:
@@ -78,3 +85,21 @@ def serve(session: Session, decoder: Decoder, config: ServeConfig) -> None:
     finally:
         if ranks > 1:
             app.state.server.scheduler.batcher.shutdown()
+
+
+def _build_missing(session: Session, decoder: Decoder, config: ServeConfig, spec: DecoderSpec) -> None:
+    """After the start-up (graphs loaded, the spec policy timed): where some step shapes had no stored graph,
+    `specdecode compile --serve` with this server's settings builds them in the background, at the lowest
+    priority (it takes a core only while the server leaves it idle). This server keeps the steps it started with
+    (a step that changed from eager to a graph mid-life would change a repeated request's answer); the next
+    start loads the graphs."""
+    built = build_missing(session, spec, decoder.config, config.compile_max_len or DEFAULT_COMPILE_MAX_LEN,
+                          serve=config.batch)
+    if built is None:
+        return
+    if built.pid is None:
+        log.info("compiled steps: the missing graphs are not built in the background (%s)", built.why)
+        return
+    log.info("compiled steps: building the missing graphs in the background at the lowest priority (pid %d, its "
+             "output: %s); this server keeps its steps, and the next start with these flags loads them",
+             built.pid, built.log)

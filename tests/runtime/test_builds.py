@@ -21,8 +21,9 @@ def _tiny_dir(where):
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(101)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(where / "tokenizer.json"))
-    (where / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                             "unk_token": "t0", "eos_token": "t1"}))
+    (where / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1",
+        "chat_template": "{% for m in messages %}t2 {{ m['content'] }} t3 {% endfor %}"}))
 
 
 def test_the_second_start_runs_the_graphs_the_first_run_built_in_the_background(tmp_path, monkeypatch):

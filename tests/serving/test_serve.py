@@ -4,6 +4,7 @@ the real server under tensor parallelism in a fresh process (``serving/serve.py`
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -74,3 +75,56 @@ def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_builds_its_missing_graphs_and_the_next_start_runs_them(tmp_path):
+    """A fresh cache: the first `serve` runs eager and, once ready, starts `specdecode compile --serve` with its
+    own flags in the background; the second start with the same flags loads every graph (none eager, no build)
+    and answers what the first did (float64: exactly), with no command in between."""
+    from specdecode.runtime.background import running_build
+    from tests.runtime.test_builds import _tiny_dir
+
+    _tiny_dir(tmp_path / "model")
+    env = {"SPECDECODE_CACHE": str(tmp_path / "cache"), "SPECDECODE_BACKGROUND_COMPILE": "1"}
+    flags = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--kernels", "static", "--threads", "1",
+             "--no-spec", "--max-running-requests", "2", "--context-length", "256"]
+    ask = {"messages": [{"role": "user", "content": "t5 t9 t11 t40"}], "max_tokens": 16, "temperature": 0}
+
+    def serve_once(name: str) -> tuple[str, str]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        path = tmp_path / f"{name}.log"
+        with open(path, "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", *flags, "--port", str(port)],
+                                    stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
+        try:
+            deadline = time.time() + 120
+            while True:
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    assert time.time() < deadline and proc.poll() is None, path.read_text()
+                    time.sleep(0.5)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+            text = client.chat.completions.create(model="model", **ask).choices[0].message.content
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return text or "", path.read_text()
+
+    first, log = serve_once("first")
+    assert "building the missing graphs in the background at the lowest priority" in log, log
+    graphs = tmp_path / "cache" / "graphs"
+    deadline = time.time() + 300
+    while "graphs built" not in ((graphs / "build.log").read_text() if (graphs / "build.log").exists() else "") \
+            or running_build(graphs) is not None:
+        assert time.time() < deadline, (graphs / "build.log").read_text()
+        time.sleep(1)
+    second, log = serve_once("second")
+    assert "graphs stored for these weights" in log and " loaded, 0 shapes eager" in log, log
+    assert "building the missing graphs" not in log
+    assert second == first
