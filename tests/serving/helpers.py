@@ -98,3 +98,17 @@ def error_of(r, status):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
     return err
+
+
+def wait_healthy(port: int, proc, log_path, timeout_s: float = 120) -> None:
+    """Until a server process on ``port`` answers /health 200; fails (with its log) if it exits or takes longer."""
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
+            return
+        except httpx.HTTPError:
+            assert time.time() < deadline and proc.poll() is None, log_path.read_text()
+            time.sleep(0.5)

@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from specdecode.serving.serve import default_model_name
 from tests.helpers import run_specdecode
+from tests.serving.helpers import wait_healthy
 
 
 def test_serve_cli_arguments():
@@ -54,14 +54,7 @@ def test_serve_tensor_parallel_matches_one_process_and_stops_cleanly(tmp_path):
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        deadline = time.time() + 120
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert time.time() < deadline and proc.poll() is None, (tmp_path / "serve.log").read_text()
-                time.sleep(0.5)
+        wait_healthy(port, proc, tmp_path / "serve.log")
         model = client.models.list().data[0].id
         ask = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 24,
                "temperature": 0}
@@ -99,14 +92,7 @@ def test_serve_builds_its_missing_graphs_and_the_next_start_runs_them(tmp_path):
             proc = subprocess.Popen([sys.executable, "-m", "specdecode", "serve", *flags, "--port", str(port)],
                                     stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
         try:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    assert time.time() < deadline and proc.poll() is None, path.read_text()
-                    time.sleep(0.5)
+            wait_healthy(port, proc, path)
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
             text = client.chat.completions.create(model="model", **ask).choices[0].message.content
             proc.send_signal(signal.SIGTERM)
