@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                   markup=False, highlight=False)
         if session.compiled is not None:
             err.print(f"compiled steps: {session.compile_reason}", markup=False, highlight=False)
-        elif args.compile == "auto" and session.device.type == "cpu":  # the first run: say what happens next
+        elif builds_after(session):  # the first run: say what happens next
             err.print("note: the steps run eager: no compiled steps are stored for this model on this machine. After "
                       "this run they are built in the background, and the cycle costs --spec-config auto chooses "
                       "from are timed on them (about 2 minutes on 2 cores; "
