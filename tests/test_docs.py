@@ -42,6 +42,38 @@ def test_the_readme_results_table_is_generated_from_the_result_files():
     assert out.returncode == 0, out.stderr
 
 
+def test_the_readme_table_takes_the_newest_run_of_each_suite_and_names_the_machine(tmp_path):
+    """Picked by rule, not by hand: a newer run of a cited suite changes the table (so --check fails until it is
+    regenerated); every row group says which machine measured it and whether the steps ran compiled."""
+    import json
+    import runpy
+    import shutil
+
+    script = runpy.run_path(str(ROOT / "scripts" / "readme_results.py"))
+    spec = json.loads((ROOT / "benchmarks" / "readme-results.json").read_text())
+    results = tmp_path / "results"
+    results.mkdir()
+    for row in spec["rows"]:
+        src = script["newest_run"](row["suite"])
+        shutil.copytree(src, results / src.name)
+    script["render"].__globals__["ROOT"] = tmp_path
+    shown = script["render"](results=results)
+    header = shown.splitlines()[0]
+    assert "| machine |" in header and "| steps |" in header
+    suite = spec["rows"][0]["suite"]
+    newer = results / f"2999-01-01-{suite}"
+    shutil.copytree(script["newest_run"](suite, results), newer)
+    data = json.loads((newer / "results.json").read_text())
+    step = data["files"][f"{spec['rows'][0]['step']}.json"]
+    step["fingerprint"]["cpu"]["model"] = "Another CPU"
+    (newer / "results.json").write_text(json.dumps(data))
+    assert script["newest_run"](suite, results) == newer
+    (results / f"2999-01-01-{suite}-2").mkdir()  # a same-day run without its results yet: not a run
+    assert script["newest_run"](suite, results) == newer
+    again = script["render"](results=results)
+    assert again != shown and "Another CPU" in again and f"2999-01-01-{suite}" in again
+
+
 def test_architecture_names_every_module_and_only_modules_that_exist():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     assert not re.search(r"about \d+ lines", text)  # line counts go stale
@@ -119,3 +151,14 @@ def test_the_benchmark_file_budget_fails_when_exceeded():
     assert run["budget"]() == []
     run["budget"].__globals__["FILE_BUDGET"] = 10
     assert any("budget 10" in problem for problem in run["budget"]())
+
+
+def test_every_benchmark_tool_starts():
+    """Nothing else runs the scripts under benchmarks/tools/: each must at least import and parse its flags
+    (`compiled_steps.py` had crashed unnoticed since the runner stopped being callable)."""
+    tools = sorted((ROOT / "benchmarks" / "tools").glob("*.py"))
+    assert tools
+    for tool in tools:
+        proc = subprocess.run([sys.executable, str(tool), "--help"], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (tool.name, proc.stderr[-2000:])

@@ -79,18 +79,19 @@ def main() -> int:
                 tokens, positions, slots, mask = dummy_inputs(B, T, args.span, model.device)
                 positions, slots = positions + CONTEXT, slots + CONTEXT
                 mask[..., :CONTEXT + T] = torch.ones(T, CONTEXT + T, dtype=torch.bool).tril(CONTEXT)
-                calls[a, B, T] = (model, (tokens, positions, slots, mask, caches[B], ()))
-                settings["compiled"](model, *calls[a, B, T][1])  # build or load its graph
+                calls[a, B, T] = (model, {"tokens": tokens, "positions": positions, "cache": caches[B],
+                                          "attention_mask": mask[:, 0], "slots": slots})
+                settings["compiled"].target(model, **calls[a, B, T][1])  # build or load its graph
         for _ in range(args.rounds):
             for B, T in shapes:
                 for a in acts:
                     model, inputs = calls[a, B, T]
                     for name, steps in settings.items():
                         for _ in range(2):
-                            steps(model, *inputs)
+                            steps.target(model, **inputs)
                         t = time.perf_counter()
                         for _ in range(args.calls):
-                            steps(model, *inputs)
+                            steps.target(model, **inputs)
                         ms[B, T][f"{name}:{a}" if len(acts) > 1 else name].append(
                             (time.perf_counter() - t) / args.calls * 1e3)
     median = {s: {name: statistics.median(v) for name, v in d.items()} for s, d in ms.items()}

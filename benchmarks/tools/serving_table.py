@@ -74,8 +74,14 @@ def markdown(table: list[dict], vs: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    directory = Path(argv[0] if argv else "benchmarks/results/serving")
-    vs = argv[1] if len(argv) > 1 else None
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", nargs="?", default="benchmarks/results/serving", type=Path,
+                        help="the bench --endpoint results ({name}-c{N}.json)")
+    parser.add_argument("vs", nargs="?", default=None, help="a server name: each row against it")
+    args = parser.parse_args(argv)
+    directory, vs = args.directory, args.vs
     table = rows(directory, vs)
     if not table:
         print(f"no {{name}}-c{{N}}.json results in {directory}; run benchmarks/archive/serving_concurrency.sh or "

@@ -90,7 +90,7 @@ def resolve_format(dtype: str, weights: str, source: Path, device: torch.device,
         ok, why = fast_bf16(device, cpu_flags)
         if not ok and weights in (AUTO, "q4") and q4_unavailable(source, "bfloat16", device, world_size) is None:
             ok, why = True, f"{why}, but the GGUF's 4-bit blocks run with bf16 activations and decoding is bound " \
-                            "by the weights' bytes (an AVX2-only EPYC: 42 ms per step against 110 ms fp32)"
+                            "by the weights' bytes (docs/defaults.md)"
         dtype = "bfloat16" if ok else "float32"
         reasons.append(f"{dtype}: {why}")
     if weights == AUTO and dtype_asked:
@@ -106,5 +106,4 @@ def _weights(dtype: str, source: Path, device: torch.device, world_size: int) ->
     why_not = q4_unavailable(source, dtype, device, world_size)
     if why_not is not None:
         return "native", why_not
-    return "q4", ("the GGUF's own 4-bit blocks (benchmarks/results/engine/: 7.2 ms per step vs 12.2 ms bf16 native, "
-                  "perplexity +0.18%)")
+    return "q4", "the GGUF's own 4-bit blocks: the fewest bytes a step reads (benchmarks/results/engine/)"
