@@ -34,7 +34,7 @@ def measure_batched(session: Session, decoder: Decoder, prompt_ids: Sequence[Seq
                          runner=decoder.decode.runner, budget=decoder.decode.budget)
     engine.allocate()
     # compiled steps: every graph these requests can meet, built or loaded now (else the first run at a
-    # new span timed the compiler: 45 ms a "step" where the step takes 7); eager steps: nothing
+    # new span timed the compiler, not the step); eager steps: nothing
     engine.warm(max(len(p) for p in prompt_ids) + max_new_tokens)
     engine.calibrate(prompt_ids[0])  # 'auto' fixes its choice per batch size first (untimed), as serve does
     options = GenerateOptions(max_new_tokens)

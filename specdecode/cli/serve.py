@@ -104,8 +104,8 @@ def batch_config(args: argparse.Namespace) -> BatchConfig:
                          "holds its chat template, prompt, answer and speculative slots")
     policy = args.spec_policy
     if args.batch_invariant and policy == "auto":  # auto may choose per batch size: one mode for every size
-        # plain: in the batch-invariant engine, speculative steps measured slower than plain ones alone and
-        # batched (bf16 + q4, 4 slots: 30.6 vs 39.7 tok/s alone, 71.5 vs 108.8 at 4; reproducibility.md)
+        # plain: in the batch-invariant engine speculative steps were slower than plain ones, alone and batched
+        # (benchmarks/results/reproducibility/)
         policy = "never"
     return BatchConfig(slots=args.max_running_requests, slot_tokens=args.context_length,
                        prefill_chunk=args.chunked_prefill_size, spec_policy=policy,
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return session, build_decoder(spec, session)
 
     # On CPU the model loads on a thread that then ends, so that the worker thread that generates
-    # owns torch's only OpenMP team (on_passing_thread says why: 45-47 -> 34-35 ms per token).
+    # owns torch's only OpenMP team (on_passing_thread says why).
     # On CUDA it loads here: the current device is per thread.
     session, decoder = on_passing_thread(load, runtime.device)
     serve(session, decoder, config, spec)

@@ -107,9 +107,9 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
     ``cycles`` cycles in each of ``rounds`` rounds (after one warm-up each), and the plain steps
     timed beside it.
 
-    The machine's speed drifts while it calibrates: on a 2-core Zen4 EPYC (bf16, drafter v5, one
-    round in candidate order) the plain step read 43.8 ms beside the first shapes and 32.1 beside the
-    last, so every chain (first in order) was measured on a slower machine than every top-4 tree.
+    The machine's speed drifts while it calibrates (a 2-core EPYC's plain step read a third slower beside
+    the first shapes than beside the last: docs/LOG.md), so in one round in candidate order every chain
+    would be measured on a slower machine than every top-4 tree.
     The rounds alternate the order (the second runs the shapes backwards), so a steady drift reaches
     every shape alike, and each shape keeps the plain steps timed on either side of it in each
     round (``ShapeCost.baseline_ms``), by which the cost model puts all shapes on one time base.
@@ -148,8 +148,8 @@ def measure_cycle_costs(target: Transformer, drafter: Drafter, shapes: Sequence[
 def in_loop_extend(isolated: dict[int, float], records: Sequence[CycleRecord], least: int = 3) -> dict[int, float]:
     """The re-extend's cost by tokens as the loop pays it: the cycles' own extend phase (T = accepted
     + 1 tokens) where at least ``least`` cycles had that T, else the isolated timing plus the median
-    gap between the two. Measured on a 2-core Xeon: 3.7 ms in the loop against 1.6 ms isolated for
-    one token (after the target's verify the draft's weights are no longer in cache)."""
+    gap between the two: in the loop it costs about twice the isolated timing (after the target's verify
+    the draft's weights are no longer in cache; docs/LOG.md)."""
     by: dict[int, list[float]] = {}
     for r in records:
         by.setdefault(r.accepted + 1, []).append(r.times.get("extend", 0.0))

@@ -107,12 +107,11 @@ class ShapeCost:
     draft_ms: float
     verify_ms: float
     other_ms: float
-    # plain decoding's step timed next to this shape (the machine's speed drifts; measured on a
-    # 2-core Xeon, blocks of plain steps 2 minutes apart read 17 and 30 ms): how its figures are put on
-    # the common time base (``CycleCosts.on_common_base``); None: measured at ``CycleCosts.baseline_ms``
+    # plain decoding's step timed next to this shape (the machine's speed drifts while it calibrates): how its
+    # figures are put on the common time base (``CycleCosts.on_common_base``); None: at ``CycleCosts.baseline_ms``
     baseline_ms: float | None = None
-    # the loop's time a cycle outside its phases (text, stop checks, the step around the cycle), which the
-    # plain step's time includes: left out, auto predicted 1.29x for 1/1/2 where it measured 1.08x (issue 65)
+    # the loop's time a cycle outside its phases (text, stop checks, the step around the cycle), which the plain
+    # step's time includes: left out, auto overpredicted every shape (benchmarks/results/2026-12-07-cycle/)
     loop_ms: float = 0.0
 
 
@@ -131,12 +130,9 @@ class CycleCosts:
         its top-k (``draft_ms_by_steps``); bookkeeping is the shape's own (or, for a node count not
         measured, the same depth and top-k's).
 
-        Each shape's figures are medians of a few cycles (8 in ``core.calibrate``) and one reading can
-        be far off: measured here (bf16, 2 cores, drafter v4), a chain of 2 verified its 3 tokens in
-        35.8 ms, less than one plain step (41.6), while a top-2 tree verified 3 tokens in 46.4 ms, and
-        a 4-step chain drafted in 11.5 ms against 10.0 for 5 steps. Read raw, the chain of 2 was
-        predicted at 1.78x (a 42.7 ms cycle); Spec-Bench measured 1.36x (a ~54.6 ms cycle) and 1.45x for
-        2 steps / top-2 / 5 tokens (predicted cycle 53.4 ms, measured ~56.0)."""
+        Each shape's figures are medians of a few cycles (8 in ``core.calibrate``) and one reading can be far
+        off (a chain of 2 once verified its 3 tokens faster than one plain step, and was predicted well above
+        what Spec-Bench then measured: docs/LOG.md, drafter v4), so the fits over every shape are read."""
         base = self.shapes.get(shape_key(shape)) or self.shapes.get(shape_key(SpecConfig(shape.num_steps, shape.topk)))
         if base is None:
             return None
@@ -148,10 +144,9 @@ class CycleCosts:
     def on_common_base(self, cost: ShapeCost, ms: float) -> float:
         """``ms`` measured beside ``cost``'s own plain steps, as it reads where a plain step takes
         ``baseline_ms``: the machine's speed drifts between shapes, and a fit that pools shapes measured
-        at different speeds must not rank them by when they were measured. Measured on a 2-core Zen4
-        EPYC (bf16, drafter v5): pooling raw figures, the chains (measured first, beside 43.8 ms plain
-        steps) were read against the top-4 trees' verifies (beside 32.1 ms) and a chain of 4 was
-        predicted at 1.73x; Spec-Bench measured it at 1.36x, and 1.46x for 2 steps / top-2 / 5 tokens."""
+        at different speeds must not rank them by when they were measured (pooled raw, the chains, timed
+        first on a slower machine, were read against the trees' verifies and overpredicted: docs/LOG.md,
+        drafter v5)."""
         return ms * self.baseline_ms / cost.baseline_ms if cost.baseline_ms else ms
 
     def verify_ms_by_tokens(self) -> dict[int, float]:

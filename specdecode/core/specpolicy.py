@@ -12,7 +12,7 @@ SPEC_POLICIES: tuple[SpecPolicyName, ...] = ("always", "never", "auto", "adaptiv
 # 'adaptive' (the earlier 'auto') re-decides from step times measured while serving: it follows the load,
 # but bf16 rounds plain and speculative steps differently, so a repeated request can change (issue 26).
 CALIBRATION_STEPS = 6  # timed steps of each mode per batch size bucket, after one untimed step of each
-# A CPU burst during the timing (another process) once left rates of 1-6 tok/s for the server's life: a
+# A CPU burst during the timing (another process) once left a few tok/s for the server's life: a
 # bucket is timed again, up to CALIBRATION_ROUNDS rounds, while a mode's median step is more than
 # CALIBRATION_SPREAD times its fastest one, and each mode is judged by its fastest step of all rounds.
 CALIBRATION_ROUNDS = 3

@@ -370,8 +370,8 @@ class PackageStore:
         path = self.path(module, key)
         if not path.is_file():
             return None
-        # Every member's CRC checked first (17 ms for a 21 MB package): the C++ loader runs a corrupt library it
-        # extracted and the process dies by SIGTRAP, with no message (a package whose bytes changed on disk).
+        # Every member's CRC checked first (milliseconds): the C++ loader runs a corrupt library it extracted and
+        # the process dies by SIGTRAP, with no message (a package whose bytes changed on disk).
         if not _whole_zip(path):
             if self.log is not None:
                 self.log(f"compiled graph {path} is damaged (cut short, or its content fails its CRC check): removed; "

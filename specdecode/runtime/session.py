@@ -109,11 +109,9 @@ def on_passing_thread(fn: Callable[[], T], device: str = "cpu") -> T:
     the event loop on the main thread, generation on a worker). Torch's OpenMP runtime on CPU
     (libgomp) keeps a team of spinning worker threads for every thread that ran a parallel op,
     and once it manages more threads than there are cores it throttles their spin-waiting,
-    for every team: each parallel region then waits on a futex wake-up. Measured here (bf16,
-    2 threads, 64 new tokens, decode on a worker thread, two processes of each, alternated):
-    34-35 ms per token when the model was loaded on a thread that had ended, 45-47 ms when it
-    was loaded on the main thread. A team ends with its thread, so loading here leaves the
-    decoding thread the only team."""
+    for every team: each parallel region then waits on a futex wake-up, and a token took about a third
+    longer when the model was loaded on the main thread (docs/LOG.md). A team ends with its thread,
+    so loading here leaves the decoding thread the only team."""
     if resolve_device(device).type != "cpu":
         return fn()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-load") as pool:

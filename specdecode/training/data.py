@@ -292,10 +292,7 @@ def build(cfg: DataBuildConfig, session: Session, on_progress: OnBuildProgress |
 
     # Continuous batching: a finished answer's slot takes the next prompt at once.
     # Slots sized to what a sample can hold (the model's whole context per slot reserved 12 GB of
-    # keys/values for 64 slots of SmolLM2). Measured here (bf16, q4 weights, 2 threads, corpus
-    # prompts drawn by --sample: as many prompt tokens as answer tokens): 292 / 302 generated tok/s
-    # at 64 / 128 slots (about 600 tok/s processed, prompts included); a prefill chunk of 1024
-    # instead of 256: 324 vs 334 (no gain).
+    # keys/values for 64 slots of SmolLM2); 128 slots or a larger prefill chunk gained little (docs/LOG.md).
     batch = BatchConfig(slots=cfg.batch_size, slot_tokens=cfg.max_prompt_tokens + cfg.max_new_tokens,
                         spec_policy="never")
     try:

@@ -168,14 +168,9 @@ def acceptance_table(cfg: AcceptanceTableConfig, session: Session,
     returns what was written and where.
 
     Held-out answers of the training data alone overstate acceptance on prompts unlike it, and more so
-    the deeper the draft: measured with drafter v6 (bf16, q4 weights; session 20), the table from 40
-    held-out corpus answers gave a chain per-position 0.605 / 0.367 / 0.244, Spec-Bench (26 prompts,
-    bf16 native) measured 0.549 / 0.292 / 0.170, and 60 answers to prompts of sources never trained on
-    (user-oriented instructions and self-instruct seed tasks) 0.539 / 0.259 / 0.128; top-2 0.706 / 0.481,
-    0.693 / 0.432 and 0.630 / 0.370. So ``--spec-config auto`` over-predicted deep, narrow shapes (a chain
-    of 3 at 1.69x against 1.55x for 2 steps / top-2 / 5 tokens; Spec-Bench measured 1.56x and 1.64x).
-    Hence more than one data set, each an equal share: the training distribution's held-out answers and
-    prompts from elsewhere."""
+    the deeper the draft, so ``--spec-config auto`` over-predicted deep, narrow shapes (drafter v6 against
+    Spec-Bench and unseen prompts: docs/LOG.md). Hence more than one data set, each an equal share: the
+    training distribution's held-out answers and prompts from elsewhere."""
 
     sets = [DataSet(d) for d in cfg.data]
     rows_of = [greedy_heldout(ds, cfg.max_len, cfg.samples, "measure acceptance on") for ds in sets]
