@@ -30,7 +30,7 @@ import torch
 from specdecode.bench.fingerprint import capture
 from specdecode.core.compiled import CompiledRunner, configure_inductor, dummy_inputs
 from specdecode.core.quant import DEFAULT_ACTIVATIONS
-from specdecode.runtime.compiling import PackageStore
+from specdecode.runtime.graphstore import PackageStore
 from specdecode.runtime.session import RuntimeConfig, start
 
 CONTEXT = 200

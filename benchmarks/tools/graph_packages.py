@@ -31,7 +31,7 @@ from specdecode.bench.fingerprint import capture
 from specdecode.core.compiled import DraftStep, GraphKey, TargetStep, dummy_inputs, span_dynamic_shapes
 from specdecode.io.checkpoints import load_drafter
 from specdecode.io.paths import default_drafter_path
-from specdecode.runtime.compiling import LoadedGraph, PackageStore, binds_weights, exportable, package_options
+from specdecode.runtime.graphstore import LoadedGraph, PackageStore, binds_weights, exportable, package_options
 from specdecode.runtime.session import RuntimeConfig, start
 
 

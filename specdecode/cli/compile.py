@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from specdecode.runtime.background import build_lock
-    from specdecode.runtime.compiling import PackageStore
+    from specdecode.runtime.graphstore import PackageStore
 
     if args.prune:
         return prune(args.dry_run, Console(stderr=True))
@@ -146,7 +146,7 @@ def _build(args: argparse.Namespace, spec: Any, batch: Any, err: Console) -> int
 def prune(dry_run: bool, err: Console) -> int:
     from pathlib import Path
 
-    from specdecode.runtime.compiling import PackageStore
+    from specdecode.runtime.graphstore import PackageStore
 
     store = PackageStore()
     report = store.prune(dry_run=dry_run)

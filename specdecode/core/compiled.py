@@ -129,7 +129,7 @@ def span_dynamic_shapes(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class GraphStore(Protocol):
-    """Compiled graphs kept between processes (``runtime.compiling.PackageStore``): ``load`` gives
+    """Compiled graphs kept between processes (``runtime.graphstore.PackageStore``): ``load`` gives
     the stored graph of ``module``'s weights for ``key`` or None (``step``: the module the graph was
     exported from, whose live tensors a graph without its own weight copy is bound to); ``build``
     compiles ``step`` (a module calling ``module``'s step) on example ``args``, stores and returns it;

@@ -13,8 +13,8 @@ from specdecode.core.quant import DEFAULT_ACTIVATIONS
 from specdecode.core.speculative import SpecConfig
 from specdecode.runtime.autoformat import AUTO
 from specdecode.runtime.background import BACKGROUND_ENV, BackgroundBuild, build_in_background
-from specdecode.runtime.compiling import PackageStore
 from specdecode.runtime.decoders import DecoderSpec
+from specdecode.runtime.graphstore import PackageStore
 from specdecode.runtime.session import RuntimeConfig, Session
 
 

@@ -19,15 +19,10 @@ from specdecode.core.runner import EAGER, StepRunner
 from specdecode.io.loading import LoadedModel, load_model, parse_dtype, resolve_model_dir
 from specdecode.io.paths import check_cache_writable, is_default_model
 from specdecode.runtime.autoformat import AUTO, resolve_format
-from specdecode.runtime.compiling import (
-    compiled_runner,
-    graph_store,
-    inductor_cache_dir,
-    resolve_compile,
-    stored_steps,
-)
+from specdecode.runtime.compiling import compiled_runner, graph_store, resolve_compile, stored_steps
 from specdecode.runtime.device import configure_threads, resolve_device
 from specdecode.runtime.distributed import world
+from specdecode.runtime.graphstore import inductor_cache_dir
 from specdecode.runtime.kernels import check_kernel_mode, install_kernels
 from specdecode.runtime.native import load_native
 from specdecode.runtime.sharding import CommMeter, apply_tensor_parallel

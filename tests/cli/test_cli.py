@@ -111,11 +111,11 @@ def test_a_run_without_stored_graphs_says_what_happens_next(monkeypatch, capsys,
     its graphs are built in the background after it (and how to build them in the foreground), then
     starts that build, detached, and says where its output goes."""
     from specdecode.cli.main import main
-    from specdecode.runtime import background, builds, compiling
-    from specdecode.runtime.compiling import PackageStore
+    from specdecode.runtime import background, builds, graphstore
+    from specdecode.runtime.graphstore import PackageStore
 
     monkeypatch.setattr(PackageStore, "count", lambda self, model: 0)  # this machine has stored none
-    monkeypatch.setattr(compiling, "cache_root", lambda: tmp_path)  # the graph store's, not the kernel plans'
+    monkeypatch.setattr(graphstore, "cache_root", lambda: tmp_path)  # the graph store's, not the kernel plans'
     monkeypatch.setenv(background.BACKGROUND_ENV, "1")
     started: list = []
     monkeypatch.setattr(builds, "build_in_background", lambda argv, root: started.append((argv, root))

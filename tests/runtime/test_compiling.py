@@ -31,16 +31,9 @@ from specdecode.core.requests import GenerateOptions
 from specdecode.core.runner import EAGER
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
-from specdecode.runtime import background, compiling
-from specdecode.runtime.compiling import (
-    TRACED_MODULES,
-    PackageStore,
-    code_identity,
-    precompile,
-    precompile_pool,
-    resolve_compile,
-    stored_steps,
-)
+from specdecode.runtime import background, graphstore
+from specdecode.runtime.compiling import precompile, precompile_pool, resolve_compile, stored_steps
+from specdecode.runtime.graphstore import TRACED_MODULES, PackageStore, code_identity
 from specdecode.runtime.session import RuntimeConfig, Session
 from tests.core.test_batching import Tok
 from tests.core.test_compiled import generate
@@ -233,19 +226,19 @@ def test_partial_builds_of_dead_processes_are_pruned_and_the_cap_takes_inf(tmp_p
     """A build killed midway leaves <graph>.<pid>.pt2 in .building/: the next build or prune removes those of
     processes no longer alive and keeps a live builder's. $SPECDECODE_GRAPH_CACHE_GB=inf means no cap."""
     where = tmp_path / "graphs" / "abc"
-    building = where / compiling.BUILDING
+    building = where / graphstore.BUILDING
     building.mkdir(parents=True)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (building / f"target-r1-t1.{int(dead.stdout)}.pt2").write_bytes(b"partial")
     (building / f"target-r1-t2.{os.getpid()}.pt2").write_bytes(b"being built")
     PackageStore(tmp_path / "graphs").prune()
     assert [p.name for p in building.iterdir()] == [f"target-r1-t2.{os.getpid()}.pt2"]
-    monkeypatch.setenv(compiling.CAP_ENV, "inf")
-    assert compiling.graph_cache_cap() == sys.maxsize
+    monkeypatch.setenv(graphstore.CAP_ENV, "inf")
+    assert graphstore.graph_cache_cap() == sys.maxsize
     for bad in ("nan", "-1", "lots"):
-        monkeypatch.setenv(compiling.CAP_ENV, bad)
+        monkeypatch.setenv(graphstore.CAP_ENV, bad)
         with pytest.raises(ValueError, match="inf: no cap"):
-            compiling.graph_cache_cap()
+            graphstore.graph_cache_cap()
 
 
 def test_generate_auto_runs_stored_graphs_only_when_there_are_some(stored, tmp_path, monkeypatch):
@@ -267,10 +260,10 @@ def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
     drafter's, freezes its own copy (inductor packs its matmuls for oneDNN), but never the target's
     embedding a drafter holds: that is an input of each call."""
     model, drafter, *_ = stored
-    assert not compiling.binds_weights(model) and not compiling.binds_weights(drafter)
+    assert not graphstore.binds_weights(model) and not graphstore.binds_weights(drafter)
     int8 = tiny_model(seed=5, dtype=torch.float32, max_position_embeddings=1024)
     quantize_weights(int8, "int8")
-    assert compiling.binds_weights(int8)
+    assert graphstore.binds_weights(int8)
     rng = random.Random(3)
     prompt = [rng.randrange(4, 97) for _ in range(24)]
     eager = generate(int8, None, prompt)
@@ -283,7 +276,7 @@ def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
     assert generate(int8, None, prompt, runner=again) == eager
     assert again.loaded and again.compiled == []
     graph = next(iter(again.graphs.values()))
-    live = {t.data_ptr() for t in compiling.live_tensors(TargetStep(int8, ())).values()}
+    live = {t.data_ptr() for t in graphstore.live_tensors(TargetStep(int8, ())).values()}
     assert graph.bound and {t.data_ptr() for t in graph.bound.values()} <= live  # read in place, never copied
     # no copy on disk: the embedding's bytes are in the frozen float target's packages, not in these
     def holds(path: Path, weight: torch.Tensor) -> bool:
@@ -296,14 +289,14 @@ def test_graphs_of_integer_layers_bind_the_live_weights(stored, tmp_path):
     drafter_dir = stored[3] / PackageStore(stored[3]).identity(drafter)  # the drafter reads the target's embedding
     drafted = list(drafter_dir.glob("*.pt2"))
     assert drafted and not any(holds(p, model.embed_tokens.weight) for p in drafted)
-    draft_graph = compiling.LoadedGraph(drafted[0], compiling.live_tensors(DraftStep(drafter)))
+    draft_graph = graphstore.LoadedGraph(drafted[0], graphstore.live_tensors(DraftStep(drafter)))
     assert [t.data_ptr() for t in draft_graph.held] == [model.embed_tokens.weight.data_ptr()] and not draft_graph.bound
     # the rope frequencies stay a plain float32 attribute (a buffer only while exported)
     assert "inv_freq" in vars(int8) and "inv_freq" not in dict(int8.named_buffers())
     # a module without the tensors a bound graph reads is refused, by name
     path = next(tmp_path.rglob("*.pt2"))
     with pytest.raises(ValueError, match="reads weights the module does not have"):
-        compiling.LoadedGraph(path, {})
+        graphstore.LoadedGraph(path, {})
 
 
 def test_a_drafter_in_integer_kernels_binds_its_live_weights_too(tmp_path):
@@ -315,7 +308,7 @@ def test_a_drafter_in_integer_kernels_binds_its_live_weights_too(tmp_path):
     quantize_weights(model, "int8")
     drafter = random_drafter(model, seed=2)
     quantize_linears(drafter, "int8")
-    assert compiling.binds_weights(drafter)
+    assert graphstore.binds_weights(drafter)
     rng = random.Random(4)
     prompt = [rng.randrange(4, 97) for _ in range(24)]
     eager = generate(model, Eagle3Decoder(drafter, CHAIN), prompt)
@@ -326,7 +319,7 @@ def test_a_drafter_in_integer_kernels_binds_its_live_weights_too(tmp_path):
     drafts = [k for k in again.loaded if k.kind.startswith("draft")]
     assert drafts and again.compiled == []
     graph = again.graphs[drafts[0]]
-    live = {t.data_ptr() for t in compiling.live_tensors(DraftStep(drafter)).values()}
+    live = {t.data_ptr() for t in graphstore.live_tensors(DraftStep(drafter)).values()}
     assert graph.bound and not graph.held and {t.data_ptr() for t in graph.bound.values()} <= live
     assert model.embed_tokens.weight.data_ptr() in {t.data_ptr() for t in graph.bound.values()}
 
@@ -342,10 +335,20 @@ def test_a_graph_traced_with_the_native_attention_is_not_loaded_without_it(monke
     """A graph calls the native attention operator or SDPA, whichever was registered when it was traced: a
     process without the operator (SPECDECODE_NATIVE=0, no compiler) must not load one that calls it."""
     model = tiny_model()
-    monkeypatch.setattr(compiling, "native_loaded", lambda op: True)
-    with_it = compiling.weights_identity(model)
-    monkeypatch.setattr(compiling, "native_loaded", lambda op: False)
-    assert compiling.weights_identity(model) != with_it
+    monkeypatch.setattr(graphstore, "native_loaded", lambda op: True)
+    with_it = graphstore.weights_identity(model)
+    monkeypatch.setattr(graphstore, "native_loaded", lambda op: False)
+    assert graphstore.weights_identity(model) != with_it
+
+
+def test_the_code_identity_is_the_code_not_its_comments():
+    """A comment or a docstring changed in a traced module rebuilt every stored graph; code changed must still."""
+    code_only = graphstore._code_only
+    plain = "def f(x):\n    return x + 1\n"
+    commented = '"""Module."""\ndef f(x):\n    """Doc, 3.2 ms."""\n    return x + 1  # measured\n'
+    assert code_only(commented) == code_only(plain)
+    assert code_only("def f(x):\n    return x + 2\n") != code_only(plain)
+    assert code_only('def f(x):\n    """Only a docstring."""\n') == code_only("def f(x):\n    pass\n")
 
 
 def test_the_code_identity_covers_what_the_steps_import():
@@ -375,7 +378,7 @@ def test_the_code_identity_covers_what_the_steps_import():
 def test_prune_removes_the_graphs_of_other_code_only(tmp_path, capsys, monkeypatch):
     """`specdecode compile --prune`: directories whose record names other step code go; this code's stay,
     and directories without a record (stored before records, maybe another model's) are left and listed."""
-    from specdecode.runtime.compiling import PACKAGE_VERSION, RECORD
+    from specdecode.runtime.graphstore import PACKAGE_VERSION, RECORD
 
     def graph_dir(name: str, code: str | None) -> Path:
         where = tmp_path / "graphs" / name
@@ -402,7 +405,7 @@ def test_the_graph_store_stays_under_its_cap_least_recently_used_first(tmp_path,
     used first (a load or build marks its directory used), never the one in use; `compile --prune` applies it."""
     import os
 
-    from specdecode.runtime.compiling import PACKAGE_VERSION, RECORD
+    from specdecode.runtime.graphstore import PACKAGE_VERSION, RECORD
 
     def graph_dir(name: str, used: float) -> Path:
         where = tmp_path / "graphs" / name
@@ -570,8 +573,8 @@ def test_constants_inductor_makes_go_with_a_package_without_weights(tmp_path):
     module, x = Int4(), torch.randn(1, 64, dtype=torch.bfloat16)
     path = tmp_path / "int4.pt2"
     with torch.no_grad():
-        compiling.aoti_package(torch.export.export(module, (x,)), path, bound=True, held=[])
-    literals = compiling.read_literals(path)
+        graphstore.aoti_package(torch.export.export(module, (x,)), path, bound=True, held=[])
+    literals = graphstore.read_literals(path)
     assert literals and all(t.dtype == torch.int64 and t.item() == 32 for t in literals.values())
-    graph = compiling.LoadedGraph(path, dict(module.named_buffers()))
+    graph = graphstore.LoadedGraph(path, dict(module.named_buffers()))
     assert torch.equal(graph(x), module(x))
