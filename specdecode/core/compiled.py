@@ -66,9 +66,8 @@ def inductor_packs(dtype: torch.dtype, device_type: str) -> bool:
     """Whether inductor's freezing packs a plain linear layer of ``dtype`` for oneDNN; where it does not
     (bf16 on a CPU without bf16 instructions: ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False),
     a graph runs aten's matmul where the eager kernel plan chose oneDNN. A drafter's layers are plain
-    (never quantized), so its steps then run eager: on a 2-core AVX2-only EPYC (ad-hoc ``generate
-    --profile``, bf16, 128 tokens) its graphs took 2.97 ms per cycle for the draft steps against 2.08
-    eager and 5.46 for the re-extend against 2.52. The target's 4-bit and int8 kernels are ops the
+    (never quantized), so its steps then run eager: on an AVX2-only EPYC its graphs were slower than eager
+    for the draft steps and the re-extend (docs/LOG.md). The target's 4-bit and int8 kernels are ops the
     graph keeps, so it compiles regardless."""
     if device_type != "cpu":
         return True

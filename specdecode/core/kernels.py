@@ -135,10 +135,9 @@ def _time_kernels(layers: list[KernelLayer], kernels: Sequence[str], x: Tensor, 
 
     The passes run hot in cache, as in a plan measured alone. Flushing the caches before each pass (64 MB
     read) looked closer to a decode step, where ~105 MB of other weights pass between two calls of a
-    group, but chose worse: on the Zen4 EPYC (2 threads) it took int4pack for three of the four 4-bit
-    groups at 1 row, and the eager forward (``specdecode formats``, 200 cached tokens, 3 rounds alternated
-    with the hot plan; ``benchmarks/results/kernel-plan/``) took 13.4/18.3/15.0 ms against 12.4/16.3/12.6
-    at 1 token and 21.1-25.4 against 17.2-22.6 at 4."""
+    group, but chose worse: on the Zen4 EPYC it took int4pack for three of the four 4-bit groups at 1 row,
+    and the eager forward was slower than with the hot plan at 1 and 4 tokens
+    (``benchmarks/results/kernel-plan/``)."""
     best = dict.fromkeys(kernels, float("inf"))
     for i in range(reps + 1):
         for kernel in (kernels if i % 2 else list(reversed(kernels))):
@@ -262,8 +261,8 @@ class KernelDispatch:
         return "aten" if kernel == "onednn" else self.static_kernel(rows, x)
 
     # Calling runs forward directly, without nn.Module's hook dispatch: a decode step makes about
-    # 300 such calls, and skipping the dispatch saved 0.43 ms of 8.6 (5%; SmolLM2, 4-bit weights,
-    # 2 threads). Hooks on these inner modules do not fire; hook the Transformer itself.
+    # 300 such calls (skipping it saved about 5% of a step). Hooks on these inner modules do not fire;
+    # hook the Transformer itself.
     __call__ = forward
 
 

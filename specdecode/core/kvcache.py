@@ -19,8 +19,7 @@ class KVCache:
     draft tree) into a contiguous run, setting the length. Slot ``max_len`` (the last) is scratch:
     padding tokens of a bucketed step (``core.compiled``) write there, nothing reads it. One tensor per
     layer, not one for all: a compiled step mutates each in place, while views of one storage made
-    inductor copy the whole cache around every step (measured: 28 ms vs 15 ms per q4 decode step,
-    SmolLM2, 2 threads).
+    inductor copy the whole cache around every step (a q4 decode step took nearly twice as long).
     """
 
     def __init__(self, k: list[Tensor], v: list[Tensor], parent: KVCache | None = None, row0: int = 0) -> None:

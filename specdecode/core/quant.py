@@ -38,10 +38,8 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # int8 kernel; beyond (prompt prefill, verify trees over 32 tokens) the
 # int8 weight converted to the model dtype (exactly: |q| <= 127 fits any float's mantissa) and
 # one GEMM, with the same per-channel scale applied to the output. The kernel's cost grows
-# linearly with the rows. Measured (bf16, 2 threads, us per call, kernel vs convert+GEMM):
-# gate_up [3072x576] 16 rows 387 vs 339, 32 rows 770 vs 473, 512 rows 12376 vs 4756; qkv
-# 8 rows 66 vs 110, 32 rows 238 vs 174; lm_head [49152x576] 32 rows 22.7 vs 25.7 ms, 64 rows
-# 45.0 vs 29.9 ms. Decode and the verify trees the engine uses (3-16 tokens) stay on the kernel.
+# linearly with the rows, so convert+GEMM wins from about 32 rows (measured per layer shape in bf16: docs/LOG.md).
+# Decode and the verify trees the engine uses (3-16 tokens) stay on the kernel.
 _KERNEL_MAX_ROWS = 32
 # The project's own kernels (core/csrc: activations in int16 per block of 32, exact to about 2^-15 of
 # each block's largest value, well inside bf16's rounding but not float32's, so they are offered to bf16
@@ -142,12 +140,9 @@ class QuantizedDispatch(KernelDispatch):
     """Kernel dispatch of a layer with quantized weights: in a compiled graph a packed choice would fold the
     dequantized weight in (``aten``: bf16, 2-4x the bytes), so below ``GRAPH_FOLD_MIN_ROWS`` rows the graph
     runs the plan's choice at the largest smaller row bucket that is not packed (the layer's own rule if
-    none). Measured on the Zen4 EPYC (2 threads, SmolLM2-135M at q4, stored graphs over 256 slots, one
-    process, rounds alternated): 8 tokens 18.2 ms with the 4-row choices (int4pack, i8_avx512) against 40.6
-    folded; 16 rows 37.8 against 44.8 folded (eager 39-41). From 32 rows folding wins: 32 rows 80.5 ms
-    folded against 1.18x eager's time unfolded (eager 64-76 ms, the machine drifting), 128 rows 180 folded
-    against 284 unfolded (eager 186-190): data build's 128-row steps had run 1.5x slower compiled than
-    eager (ad hoc, session 17; docs/compiled.md)."""
+    none). On the Zen4 EPYC a folded weight cost more than twice the unfolded kernel at 8 rows and won from
+    32 rows, where data build's 128-row steps had run slower compiled than eager (docs/compiled.md,
+    docs/LOG.md)."""
 
     rows_op: str = ""  # the row-invariant family's operator for this kind of layer (ROWS_Q4, ROWS_I8)
     rows_packed: Tensor  # the layer's weights in that operator's layout (pack_q4_rows, pack_i8_rows), or empty
