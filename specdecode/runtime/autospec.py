@@ -39,7 +39,6 @@ from specdecode.core.costmodel import (
     Prediction,
     best_shape,
     candidate_shapes,
-    predict,
 )
 from specdecode.core.quant import detect_format
 from specdecode.core.runner import Drafter
@@ -261,12 +260,3 @@ def choose_spec(request: AutoSpec | SpecConfig, session: Session, drafter: Draft
                       costs.baseline_ms, source, table.source, measured, time.perf_counter() - t0,
                       [p.to_dict() for p in ranked], shapes, table, costs)
 
-
-def predict_shape(shape: SpecConfig, session: Session, drafter: Drafter, drafter_path: str) -> Prediction | None:
-    """The cost model's prediction for any candidate shape (bench records it beside the measured); None without
-    a usable acceptance table (none, or one measured on other weights: ``load_acceptance``)."""
-    table = acceptance_table(drafter_path)
-    if table is None:
-        return None
-    costs, _, _ = cycle_costs(session, drafter, drafter_path)
-    return predict(shape, table, costs)
