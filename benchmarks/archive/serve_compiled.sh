@@ -7,7 +7,7 @@
 #      and 4 against each server, one server at a time, in two rounds of opposite order (ROUNDS) so a drift of the
 #      machine weighs on every server alike; each server's startup log (server-NAME-rK.log) says how long
 #      loading its graphs took;
-#   3. the table (benchmarks/tools/serving_table.py: the median over rounds, total tok/s against llama-server).
+#   3. the table (benchmarks/archive/serving_table.py: the median over rounds, total tok/s against llama-server).
 # Servers (SERVERS, in this order in odd rounds): llama-server (its prompt cache on, its default), serve-eager
 # (--compile off), serve-compiled (stored graphs; the prefix cache on, the default) and serve-compiled-noprefix
 # (--prefix-cache-tokens 0: what the prefix cache is worth, the c=4 round repeating the prompts c=1 sent).
@@ -69,4 +69,4 @@ for round in $(seq 1 "$ROUNDS"); do
         grep -h -E "compiled steps|spec policy auto \(" "$R/server-$name-r$round.log" || true
     done
 done
-.venv/bin/python benchmarks/tools/serving_table.py "$R/runs" llama-server | tee "$R/table.md"
+.venv/bin/python benchmarks/archive/serving_table.py "$R/runs" llama-server | tee "$R/table.md"

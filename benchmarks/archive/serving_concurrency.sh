@@ -3,7 +3,7 @@
 # `bench --endpoint` at concurrency 1, 2, 4, 8, 16 for each --spec-policy (never, always, auto):
 # total and per-request tok/s, TTFT and TPOT. One server per policy, the concurrencies run one
 # after another against it. Writes benchmarks/results/serving/{POLICY}-c{N}.json and the table
-# serving-concurrency.{md,json} (benchmarks/tools/serving_table.py).
+# serving-concurrency.{md,json} (benchmarks/archive/serving_table.py).
 #   benchmarks/archive/serving_concurrency.sh            # all policies and concurrencies
 #   POLICIES="never" CONCURRENCY="1 4" PER_CATEGORY=1 benchmarks/archive/serving_concurrency.sh
 # With llama-cpp-python installed (pip install '.[llamacpp]' and its server extras) its OpenAI
@@ -51,4 +51,4 @@ if [ "${PEER:-1}" = 1 ] && .venv/bin/python -c "import llama_cpp.server" 2>/dev/
   done
   kill -TERM $SERVER; wait $SERVER || true
 fi
-.venv/bin/python benchmarks/tools/serving_table.py "$R" | tee "$R/../serving-concurrency.md"
+.venv/bin/python benchmarks/archive/serving_table.py "$R" | tee "$R/../serving-concurrency.md"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -17,10 +18,12 @@ import time
 import httpx
 
 
-def stream_ttft(base: str, model: str, prompt: str, max_tokens: int, out: dict, key: str) -> None:
+def stream_ttft(base: str, model: str, prompt: str, max_tokens: int, out: dict, key: str,
+                headers: dict[str, str]) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     t0 = time.perf_counter()
-    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", base + "/v1/completions", json=body, headers=headers, timeout=600) as r:
+        r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
@@ -35,16 +38,22 @@ def main() -> int:
     p.add_argument("--long-words", type=int, default=7000, help="words in the long prompt (about a token each)")
     p.add_argument("--delay", type=float, default=0.5, help="seconds between the long request and the short one")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
+                   help="the server's key (default: $SPECDECODE_API_KEY)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    model = httpx.get(args.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    listed = httpx.get(args.url + "/v1/models", headers=headers, timeout=30)
+    listed.raise_for_status()
+    model = listed.json()["data"][0]["id"]
     rounds = []
     for _ in range(args.rounds):
         res: dict = {}
-        long = threading.Thread(target=stream_ttft, args=(args.url, model, "word " * args.long_words, 8, res, "long"))
+        long = threading.Thread(target=stream_ttft, args=(args.url, model, "word " * args.long_words, 8, res, "long",
+                                                             headers))
         long.start()
         time.sleep(args.delay)
-        stream_ttft(args.url, model, "Say hi.", 8, res, "short")
+        stream_ttft(args.url, model, "Say hi.", 8, res, "short", headers)
         long.join()
         rounds.append(res)
     print("| round | short TTFT s | long TTFT s | long total s |\n|---|---:|---:|---:|")

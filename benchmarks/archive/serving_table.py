@@ -5,8 +5,8 @@ stdout and the same rows as JSON beside the directory ({directory name}.json; se
 serving-concurrency.json). With a second argument, each row's total tok/s against that server's at the
 same concurrency.
 
-    python benchmarks/tools/serving_table.py RUNS_DIR
-    python benchmarks/tools/serving_table.py RUNS_DIR llama-server
+    python benchmarks/archive/serving_table.py RUNS_DIR
+    python benchmarks/archive/serving_table.py RUNS_DIR llama-server
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ builds both into a scratch directory: version 1 once per span, now once. Then, a
 version 1 graph of that span and today's graph in turn, ROUNDS x CALLS times, and checks each graph's logits
 against eager bit for bit.
 
-    .venv/bin/python benchmarks/tools/graph_packages.py --spans 256,1024 \\
+    .venv/bin/python benchmarks/archive/graph_packages.py --spans 256,1024 \\
         --out benchmarks/results/2026-12-06-bound-graphs/raw/packages.json
 
 Prints the table and writes JSON with the environment fingerprint."""
