@@ -26,8 +26,8 @@ from torch import Tensor, nn
 ROW_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 256)
 KERNEL_MODES = ("auto", "static")
 
-# oneDNN packs for an expected row count; 64 measured best for fp32 at every row count tried
-# (1-256), and bf16 does not care (see the module docstring).
+# oneDNN packs for an expected row count; this hint was fp32's best at every row count tried when it was set
+# (docs/LOG.md, kernel plans), and bf16 ignores it (see the module docstring).
 _ONEDNN_BATCH_HINT = 64
 _ONEDNN_DTYPES = (torch.bfloat16, torch.float32)
 ONEDNN_F32 = "onednn_f32"  # a bf16 layer's weight kept in fp32, packed for oneDNN (see the module docstring)

@@ -58,7 +58,7 @@ NATIVE_I8_KERNELS = {NATIVE_I8: "i8_linear", "i8_avx512": "i8_linear_avx512"}
 # make speculative output differ from plain decoding; beyond (prefill chunks) the plan measures it against
 # the others. Activations per block of 32: int8 (vpdpbusd once, as llama.cpp's Q8 blocks) or int16 (twice),
 # a choice of format (``--activations``); the kernel name carries it, so plans and stored graphs differ. It is
-# also the static rule at every row count (on the Zen4 EPYC the measured plan took it at every bucket, 1-256).
+# also the static rule at every row count (measured plans took it at every bucket: benchmarks/results/row-invariant/).
 ROWS_Q4, ROWS_I8 = "q4_rows", "i8_rows"  # the operators
 # --activations: bits of the quantized activations per kind of layer (its attribute name; "*": the rest)
 ACTIVATIONS: dict[str, dict[str, int]] = {
