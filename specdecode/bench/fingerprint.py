@@ -321,3 +321,23 @@ def diff(a: dict, b: dict) -> list[Difference]:
 
 def performance_relevant(diffs: list[Difference], min_impact: int = 2) -> list[Difference]:
     return [d for d in diffs if d.impact >= min_impact]
+
+
+def interpreter_versions(python: str | None, distributions: Sequence[str]) -> dict[str, str | None]:
+    """What another interpreter (an engine's own environment; None: ours) runs with: the first of
+    ``distributions`` it has, torch, transformers and Python; ``{}`` where it cannot be asked."""
+    probe = ("import importlib.metadata as m, json, sys\n"
+             "def v(*names):\n"
+             "    for n in names:\n"
+             "        try:\n"
+             "            return n + ' ' + m.version(n)\n"
+             "        except m.PackageNotFoundError:\n"
+             "            pass\n"
+             f"print(json.dumps({{'engine': v(*{list(distributions)!r}), 'torch': v('torch'), "
+             "'transformers': v('transformers'), 'python': sys.version.split()[0], 'executable': sys.executable}))")
+    try:
+        proc = subprocess.run([python or sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1])) if proc.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return {}
+

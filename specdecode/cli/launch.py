@@ -51,7 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_store_args(p, writes=False)  # the launch is always recorded
     p.add_argument("--dry-run", action="store_true", help="print the environment and command; run nothing")
     p.add_argument("--engine-python", default=None, metavar="PYTHON",
-                   help="the Python of SGLang's own environment (default: this one's)")
+                   help="the Python of SGLang's or vLLM's own environment (default: this one's where it has the "
+                        "engine; vLLM: else the `vllm` command on $PATH). scripts/setup_vllm.sh makes vLLM's")
     g = p.add_argument_group("llama.cpp (launch llamacpp: llama-server on the target GGUF, the drafter exported "
                              "as its EAGLE-3 GGUF and cached)")
     g.add_argument("--llama-server", default=None, metavar="PATH",

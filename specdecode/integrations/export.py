@@ -7,25 +7,21 @@ and add 1 (id = output of layer id), vLLM reads a top-level list first (id = inp
 Every file we write carries both, naming the same layers, so it needs no per-engine copy; export
 turns a drafter from elsewhere (one list, in either place) into such a file, checked against the
 target. ``launch`` exports only a drafter that lacks the list its engine reads, and for vLLM
-without loading the target (``vllm_copy``: its config says which layers, the files are copied).
+without loading the target (``io.vllm.vllm_copy``: its config says which layers, the files are copied).
 ``--format speculators`` writes vLLM's speculators layout (RedHat's), which variants need.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
-from specdecode.io.checkpoints import AUX_IDS_KEY, CONVENTION_KEY, Convention, load_drafter, read_drafter, save_drafter
-from specdecode.io.hf import config_from_hf, read_config_json
+from specdecode.io.checkpoints import AUX_IDS_KEY, CONVENTION_KEY, Convention, load_drafter, save_drafter
 from specdecode.io.loading import load_model
-from specdecode.io.paths import cache_root, default_drafter_path, dir_digest, model_name, share_readable
+from specdecode.io.paths import default_drafter_path, model_name
 
 ENGINES = ("sglang", "vllm")
 FORMATS = (*ENGINES, "speculators")  # what export writes: the engines' shared layout, or vLLM's speculators one
-VLLM_COPY_VERSION = "vllm-copy-1"  # bump when what vllm_copy writes changes
 
 
 def export_drafter(model: str | None, drafter: str | Path | None, fmt: str, out: str | Path,
@@ -51,47 +47,6 @@ def export_drafter(model: str | None, drafter: str | Path | None, fmt: str, out:
     return {"source": str(path), "out": str(out), "format": fmt, "layout": "eagle_config" if nested else "speculators",
             "aux_ids": nested if nested else written[AUX_IDS_KEY],
             "taps_entering_layers": list(head.config.aux_layer_ids), "variant": list(head.config.variant)}
-
-
-def vllm_copy(drafter_dir: str | Path, model_dir: Path, dry_run: bool = False) -> tuple[Path, str]:
-    """A drafter without vLLM's top-level id list, as a copy that has it (cached under a digest of its
-    files: a changed drafter is copied again). The ids come from its config, checked with its tensors
-    against the target's config.json; the target's weights are not loaded, the tensors are copied
-    as they are. Returns the copy and what happened, in words."""
-    out = cache_root() / "exports" / f"{Path(drafter_dir).name}-vllm-{dir_digest(drafter_dir, VLLM_COPY_VERSION)}"
-    if (out / "config.json").is_file():
-        return out, f"the drafter's copy with vLLM's top-level {AUX_IDS_KEY}, written before: {out}"
-    if dry_run:
-        return out, f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): would write a copy with both lists to {out}"
-    target = config_from_hf(read_config_json(model_dir), model_dir)  # a clear error where it cannot be read
-    config, _ = read_drafter(drafter_dir, target)
-    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
-    taps = list(config.aux_layer_ids)
-    cfg[AUX_IDS_KEY] = taps  # vLLM: id = input of layer id
-    cfg["eagle_config"] = dict(cfg.get("eagle_config") or {}) | {
-        AUX_IDS_KEY: [i - 1 for i in taps], CONVENTION_KEY: "sglang", "use_aux_hidden_state": True}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".vllm-", dir=out.parent))
-    try:
-        for f in Path(drafter_dir).glob("*.safetensors"):
-            shutil.copyfile(f, tmp / f.name)
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        share_readable(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out, (f"the drafter has no top-level {AUX_IDS_KEY} (vLLM's): wrote a copy with both lists, taps entering "
-                 f"layers {taps}, to {out}")
-
-
-def read_drafter_config(drafter_dir: str | Path) -> dict:
-    """A drafter's config.json ({} when unreadable: the engine will say why)."""
-    try:
-        cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
 
 
 def recorded_convention(drafter_dir: str | Path) -> str | None:

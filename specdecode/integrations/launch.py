@@ -8,7 +8,7 @@ engine's aux-layer-id convention, exported if needed: see ``specdecode.integrati
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import shlex
 import shutil
@@ -17,23 +17,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdecode.bench.fingerprint import capture, redact_argv
+from specdecode.bench.fingerprint import capture, interpreter_versions, redact_argv
 from specdecode.bench.profiles import LaunchProfile, load_profile
 from specdecode.bench.store import ResultsStore, Run, new_run_id
 from specdecode.core.speculative import SpecConfig
-from specdecode.integrations.export import ENGINES, read_drafter_config, recorded_convention, vllm_copy
-from specdecode.io.checkpoints import AUX_IDS_KEY
+from specdecode.integrations.export import ENGINES, recorded_convention
 from specdecode.io.llamacpp import drafter_gguf, find_llama_server, llama_spec_args
 from specdecode.io.loading import model_head_counts, resolve_model_dir
 from specdecode.io.paths import shipped_drafter_for
+from specdecode.io.vllm import VLLM_CPU_DTYPE, VLLM_DISTRIBUTIONS, VLLM_MODULE, vllm_command, vllm_drafter
 
 LAUNCH_ENGINES = (*ENGINES, "llamacpp")
 CHAIN_ENGINES = ("vllm", "llamacpp")  # engines whose EAGLE-3 drafts a chain only
+PYTHON_ENGINES = ("sglang", "vllm")  # engines that run as a module of a Python that has them (--engine-python)
+ENGINE_DISTRIBUTIONS = {"sglang": ("sglang",), "vllm": VLLM_DISTRIBUTIONS}
 
 
 def engine_installed(engine: str, python: str | None = None) -> bool:
-    """Whether ``engine`` can run: SGLang importable by ``python`` (its own environment, or ours), vLLM's CLI
-    on $PATH (llama.cpp: ``find_llama_server`` says where, or why not)."""
+    """Whether ``engine`` can run: SGLang or vLLM importable by ``python`` (its own environment, or ours), or
+    else vLLM's ``vllm`` command on $PATH (llama.cpp: ``find_llama_server`` says where, or why not)."""
     import importlib.util
     import subprocess
 
@@ -43,14 +45,33 @@ def engine_installed(engine: str, python: str | None = None) -> bool:
         except FileNotFoundError:
             return False
         return True
-    if engine != "sglang":
-        return shutil.which("vllm") is not None
     if python is None:
-        return importlib.util.find_spec("sglang") is not None
+        return importlib.util.find_spec(engine) is not None or (engine == "vllm" and shutil.which("vllm") is not None)
     try:
-        return subprocess.run([python, "-c", "import sglang"], capture_output=True, timeout=120).returncode == 0
+        return subprocess.run([python, "-c", f"import {engine}"], capture_output=True, timeout=120).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def _script_python(command: str) -> str | None:
+    """The interpreter a console script on $PATH runs with (its ``#!`` line), or None."""
+    found = shutil.which(command)
+    try:
+        first = Path(found).read_bytes()[:512].split(b"\n", 1)[0].decode() if found else ""
+    except (OSError, UnicodeDecodeError):
+        return None
+    return first[2:].strip().split()[0] if first.startswith("#!") and first[2:].strip() else None
+
+
+def engine_dtype(command: list[str]) -> str | None:
+    """The ``--dtype`` a command passes its engine (the last one wins, as argparse reads it), or None."""
+    found = None
+    for i, a in enumerate(command):
+        if a == "--dtype" and i + 1 < len(command):
+            found = command[i + 1]
+        elif a.startswith("--dtype="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def tp_divisibility(heads: int | None, kv: int | None, tp: int) -> str | None:
@@ -74,7 +95,8 @@ def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: 
                    python: str | None = None, server: str | None = None, threads: int | None = None,
                    parallel: int | None = None, llama_ngram: tuple[str, ...] = ()) -> list[str]:
     """The server command line with the speculative flags of ``engine`` (SGLang run by ``python``: the
-    interpreter of its own environment; default ours. llama.cpp: ``server`` is llama-server, ``model_dir``
+    interpreter of its own environment; default ours. vLLM: its server module run by ``python``, or without
+    one the ``vllm`` command. llama.cpp: ``server`` is llama-server, ``model_dir``
     the target GGUF, ``drafter_dir`` the drafter's GGUF, ``threads`` and ``parallel`` its -t and -np,
     ``llama_ngram`` its n-gram draft types beside the drafter or alone)."""
     if engine == "llamacpp":
@@ -95,12 +117,8 @@ def engine_command(engine: str, model_dir: str, drafter_dir: str | None, *, tp: 
     if engine == "vllm":
         if drafter_dir and topk != 1:
             raise ValueError("vLLM's EAGLE-3 proposes a chain: use --topk 1 (trees: launch sglang)")
-        cmd = ["vllm", "serve", model_dir, "--tensor-parallel-size", str(tp), "--host", host, "--port", str(port)]
-        if drafter_dir:
-            spec = {"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": num_steps,
-                    "draft_tensor_parallel_size": 1}
-            cmd += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-        return cmd + extra
+        return vllm_command(model_dir, drafter_dir, num_steps, python=python, tp=tp, host=host, port=port,
+                            extra=extra)
     raise ValueError(f"unknown engine {engine!r}: {', '.join(LAUNCH_ENGINES)}")
 
 
@@ -119,7 +137,7 @@ class LaunchConfig:
     launch_profile: str | None = None
     engine_args: tuple[str, ...] = ()
     dry_run: bool = False  # plan only: export nothing, and the engine need not be installed
-    engine_python: str | None = None  # SGLang's interpreter (it usually lives in an environment of its own)
+    engine_python: str | None = None  # SGLang's or vLLM's interpreter (each usually has an environment of its own)
     llama_server: str | None = None  # llama.cpp: the llama-server binary (default: find_llama_server)
     threads: int | None = None  # llama.cpp: -t
     parallel: int | None = None  # llama.cpp: -np, parallel slots (continuous batching)
@@ -154,8 +172,9 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
 
     if cfg.tp < 1:
         raise ValueError(f"--tp must be >= 1, got {cfg.tp}")
-    if cfg.engine_python and cfg.engine != "sglang":
-        raise ValueError("--engine-python names SGLang's interpreter; vLLM runs as the `vllm` command on $PATH")
+    if cfg.engine_python and cfg.engine not in PYTHON_ENGINES:
+        raise ValueError("--engine-python names SGLang's or vLLM's interpreter; llama-server is a binary: "
+                         "--llama-server PATH")
     if cfg.engine == "llamacpp":
         return _plan_llamacpp(cfg)
     if cfg.llama_server or cfg.threads or cfg.parallel or cfg.llama_ngram:
@@ -163,8 +182,9 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
                          "vLLM's own settings with --engine-args")
     if not cfg.dry_run and not engine_installed(cfg.engine, cfg.engine_python):
         where = f"for {cfg.engine_python}" if cfg.engine_python else "in this environment"
-        raise ValueError(f"{cfg.engine} is not installed {where}; name SGLang's own interpreter with --engine-python, "
-                         "or `--dry-run` prints the command (and environment) to run where it is")
+        raise ValueError(f"{cfg.engine} is not installed {where}; name the interpreter of its own environment with "
+                         "--engine-python (vLLM: scripts/setup_vllm.sh makes one), or `--dry-run` prints the command "
+                         "(and environment) to run where it is")
     source, model_dir = resolve_model_dir(cfg.model, convert=not cfg.dry_run)  # a dry run converts nothing
     warnings = []
     notes = []
@@ -179,20 +199,42 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     drafter = str(found) if found else None
     if drafter and not Path(drafter).is_dir():
         raise FileNotFoundError(f"drafter directory {drafter} not found")
-    if drafter and cfg.engine == "vllm" and not read_drafter_config(drafter).get(AUX_IDS_KEY):
+    if drafter and cfg.engine == "vllm":
         # vLLM would read eagle_config's SGLang-convention ids one layer early: a copy with the top-level list too
-        copy, note = vllm_copy(drafter, model_dir, cfg.dry_run)
-        notes.append(note)
+        copy, note = vllm_drafter(drafter, model_dir, cfg.dry_run)
+        notes += [note] if note else []
         drafter = str(copy)
     if drafter and cfg.engine == "sglang" and recorded_convention(drafter) == "vllm":
         warnings.append(f"{drafter}: its eagle_config ids are in vLLM's numbering (an export --format vllm of an "
                         "earlier version): SGLang adds 1 and would tap every layer one later, silently; re-export "
                         "it with `specdecode export --format sglang`")
     steps = _drafted_depth(cfg, notes)
+    python = cfg.engine_python
+    if cfg.engine == "vllm" and python is None and importlib.util.find_spec("vllm") is not None:
+        python = sys.executable  # its server module: PyPI's CPU build has no working `vllm` command
+    extra = list(cfg.engine_args) + (_vllm_dtype(cfg, warnings, notes) if cfg.engine == "vllm" else [])
     cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=steps, topk=cfg.spec.topk,
                          num_draft_tokens=cfg.spec.num_draft_tokens, host=cfg.host, port=cfg.port,
-                         extra=list(cfg.engine_args), python=cfg.engine_python)
+                         extra=extra, python=python)
     return _with_profile(cfg, cmd, model_dir, drafter, warnings, notes)
+
+
+def _vllm_dtype(cfg: LaunchConfig, warnings: list[str], notes: list[str]) -> list[str]:
+    """The ``--dtype`` to add for vLLM: on a machine without CUDA, float32 unless --engine-args names one (and a
+    warning where that one is bfloat16 compiled)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    chosen = engine_dtype(list(cfg.engine_args))
+    if chosen is None:
+        notes.append(f"vLLM on a CPU: --dtype {VLLM_CPU_DTYPE} (its compiled bfloat16 path gave wrong text here; "
+                     "docs/interop.md); choose with --engine-args \"--dtype ...\"")
+        return ["--dtype", VLLM_CPU_DTYPE]
+    if chosen in ("bfloat16", "auto") and "--enforce-eager" not in cfg.engine_args:
+        warnings.append(f"vLLM --dtype {chosen} on a CPU, compiled: vLLM 0.32 gave wrong text this way on SmolLM2 "
+                        "(docs/interop.md); add --enforce-eager, or leave --dtype out for float32")
+    return []
 
 
 def _drafted_depth(cfg: LaunchConfig, notes: list[str]) -> int:
@@ -249,10 +291,17 @@ def _plan_llamacpp(cfg: LaunchConfig) -> LaunchPlan:
 def record_launch(cfg: LaunchConfig, plan: LaunchPlan, store: str | None = None) -> str:
     """Append the launch (fingerprint, redacted command, endpoint) to the results store; its run id."""
 
-    fp = capture(threads=0, dtype="(engine)", device=f"{cfg.engine} tp={cfg.tp}", model_path=plan.model_dir,
-                 drafter_paths=[plan.drafter] if plan.drafter else (),
+    dtype = engine_dtype(plan.command)
+    python = plan.command[0] if plan.command[1:3] == ["-m", VLLM_MODULE] or cfg.engine == "sglang" else None
+    if cfg.engine == "vllm" and python is None:
+        python = _script_python(plan.command[0])
+    fp = capture(threads=0, dtype=dtype or "(the engine's default)", device=f"{cfg.engine} tp={cfg.tp}",
+                 model_path=plan.model_dir, drafter_paths=[plan.drafter] if plan.drafter else (),
                  launch_profile=plan.profile.record() if plan.profile else None) | {
-        "launch": {"engine": cfg.engine, "command": redact_argv(plan.command), "endpoint": cfg.endpoint}}
+        "launch": {"engine": cfg.engine, "command": redact_argv(plan.command), "endpoint": cfg.endpoint,
+                   # the engine's own interpreter and packages, not ours (the fingerprint's python and torch)
+                   "engine_versions": interpreter_versions(python, ENGINE_DISTRIBUTIONS[cfg.engine])
+                   if cfg.engine in PYTHON_ENGINES else {}}}
     run = Run(new_run_id(), "launch", time.strftime("%Y-%m-%d %H:%M:%S"), fp, [], [], {"command": plan.line})
     ResultsStore(store).save(run)
     return run.run_id

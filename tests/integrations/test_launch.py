@@ -2,11 +2,14 @@
 
 import json
 import shlex
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from specdecode.integrations.launch import engine_command
+from specdecode.io.loading import resolve_model_dir
 from tests.helpers import run_specdecode
 
 pytestmark = pytest.mark.model
@@ -126,7 +129,8 @@ def test_vllms_copy_of_a_drafter_is_made_once_from_its_config_without_loading_th
     as they are, and cached: the next launch reuses it, a changed drafter is copied again."""
     import shutil
 
-    import specdecode.integrations.export as export
+    import specdecode.io.loading as loading
+    import specdecode.io.vllm as vllm
     from specdecode.io.checkpoints import load_drafter
     from specdecode.io.loading import load_model, resolve_model_dir
     from specdecode.io.paths import default_drafter_path
@@ -142,8 +146,8 @@ def test_vllms_copy_of_a_drafter_is_made_once_from_its_config_without_loading_th
 
     def no_target(*a, **k):
         raise AssertionError("the target was loaded")
-    monkeypatch.setattr(export, "load_model", no_target)
-    copy, note = export.vllm_copy(src, model_dir)
+    monkeypatch.setattr(loading, "load_model", no_target)
+    copy, note = vllm.vllm_copy(src, model_dir)
     assert "wrote a copy" in note and copy.parent == tmp_path / "cache" / "exports"
     written = json.loads((copy / "config.json").read_text())
     taps = list(load_drafter(src, target).config.aux_layer_ids)
@@ -151,11 +155,11 @@ def test_vllms_copy_of_a_drafter_is_made_once_from_its_config_without_loading_th
     assert load_drafter(copy, target).config.aux_layer_ids == tuple(taps)
     assert (copy / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
     stamp = (copy / "config.json").stat().st_mtime_ns
-    again, note = export.vllm_copy(src, model_dir)
+    again, note = vllm.vllm_copy(src, model_dir)
     assert again == copy and "written before" in note and (copy / "config.json").stat().st_mtime_ns == stamp
     cfg["rms_norm_eps"] = 1e-5  # the drafter changes: a new copy
     (src / "config.json").write_text(json.dumps(cfg))
-    changed, note = export.vllm_copy(src, model_dir)
+    changed, note = vllm.vllm_copy(src, model_dir)
     assert changed != copy and "wrote a copy" in note
 
 
@@ -168,8 +172,30 @@ def test_sglang_runs_with_the_python_of_its_own_environment(profile_env, tmp_pat
     # not a dry run: the interpreter is asked whether it has SGLang (this one has not)
     missing = specdecode("launch", "sglang", "--engine-python", sys.executable, env=profile_env, check=False)
     assert missing.returncode == 2 and f"not installed for {sys.executable}" in missing.stderr
-    vllm = specdecode("launch", "vllm", "--engine-python", sys.executable, "--dry-run", env=profile_env, check=False)
-    assert vllm.returncode == 2 and "names SGLang's interpreter" in vllm.stderr
+    llama = specdecode("launch", "llamacpp", "--engine-python", sys.executable, "--dry-run", env=profile_env,
+                       check=False)
+    assert llama.returncode == 2 and "llama-server is a binary" in llama.stderr
+
+
+def test_vllm_runs_as_the_server_module_of_its_own_python_in_float32_on_a_cpu(profile_env):
+    """PyPI's CPU build of vLLM has no working `vllm` command: its server module runs from the interpreter of
+    its environment. On a CPU, float32 unless --engine-args names a dtype; bfloat16 compiled is warned."""
+    out = specdecode("launch", "vllm", "--engine-python", "/opt/vllm-env/bin/python", "--dry-run", env=profile_env)
+    argv = shlex.split(out.stdout.strip())
+    assert argv[:3] == ["/opt/vllm-env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert Path(argv[argv.index("--model") + 1]) == resolve_model_dir(None, convert=False)[1]  # converted target
+    assert argv[argv.index("--dtype") + 1] == "float32" and "its compiled bfloat16 path" in out.stderr
+    chosen = specdecode("launch", "vllm", "--engine-python", "/x/python", "--engine-args", "--dtype bfloat16",
+                        "--dry-run", env=profile_env)
+    argv = shlex.split(chosen.stdout.strip())
+    assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert "add --enforce-eager" in chosen.stderr
+    eager = specdecode("launch", "vllm", "--engine-python", "/x/python", "--engine-args",
+                       "--dtype bfloat16 --enforce-eager", "--dry-run", env=profile_env)
+    assert "--enforce-eager" not in eager.stderr
+    # not a dry run: the interpreter is asked whether it has vLLM (this one has not)
+    missing = specdecode("launch", "vllm", "--engine-python", sys.executable, env=profile_env, check=False)
+    assert missing.returncode == 2 and "scripts/setup_vllm.sh" in missing.stderr
 
 
 def _fake_llama_server(tmp_path):
