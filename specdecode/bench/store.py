@@ -112,6 +112,13 @@ class ResultsStore:
                                 "LIMIT ?", (limit,)).fetchall()
         return [{"run_id": r[0], "kind": r[1], "created": r[2], "summary": json.loads(r[3])} for r in rows]
 
+    def runs_of_kind(self, kind: str, limit: int = 50) -> list[Run]:
+        """The newest ``limit`` runs of ``kind``, newest first, without their records."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT run_id, created, fingerprint, summary, meta FROM runs WHERE kind = ? "
+                                "ORDER BY created DESC, rowid DESC LIMIT ?", (kind, limit)).fetchall()
+        return [Run(r[0], kind, r[1], json.loads(r[2]), json.loads(r[3]), [], json.loads(r[4])) for r in rows]
+
     def resolve(self, ref: str) -> str:
         with self._connect() as conn:
             if ref == "latest":

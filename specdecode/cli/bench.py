@@ -238,7 +238,7 @@ def run_remote(args: argparse.Namespace, console: Any) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from specdecode.bench.remote.benchmark import EndpointConfig, bench_endpoint
+    from specdecode.bench.remote.benchmark import EndpointConfig, bench_endpoint, link_launch
     from specdecode.bench.store import ResultsStore
     from specdecode.cli.common import save_and_report
     from specdecode.runtime.distributed import is_main_process
@@ -279,8 +279,13 @@ def run_remote(args: argparse.Namespace, console: Any) -> int:
                       style="bold red", markup=False)
     for hint in result.hints:
         console.print("note: " + hint, style="yellow", markup=False, highlight=False, soft_wrap=True)
+    store = None if args.no_store else ResultsStore(args.store)
+    launched = link_launch(result.fingerprint, store) if store is not None else None
+    if launched:
+        console.print(f"the server's launch: run {launched} (its command and the engine's versions)", style="dim",
+                      markup=False)
     if is_main_process():
-        save_and_report(result.to_run(), None if args.no_store else ResultsStore(args.store), args.out, console)
+        save_and_report(result.to_run(), store, args.out, console)
     return 0 if not result.failed else 1
 
 

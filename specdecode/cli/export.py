@@ -38,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "weights (default); f32 writes every weight in float32")
     p.add_argument("--aux-layer-convention", choices=ENGINES, default=None,
                    help="how to read the SOURCE drafter's explicit aux ids when it does not record it")
+    p.add_argument("--verifier", default=None, metavar="PATH_OR_ID",
+                   help="--format speculators: the target vLLM loads with the drafter (`vllm serve DRAFTER`), a "
+                        "directory or a hub id (default: the target's Hugging Face directory, converted from the GGUF "
+                        "where needed)")
     # only the target: the export reads it in float32 on the CPU whatever the runtime flags would say
     p.add_argument("--model", default=None,
                    help="the drafter's target: GGUF file or Hugging Face model directory (default: the "
@@ -72,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
               f"openvino_genai.LLMPipeline('{ov.target}', 'CPU', draft_model=openvino_genai.draft_model('{ov.draft}', "
               "'CPU'))")
         return 0
-    info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention)
+    if args.verifier and args.format != "speculators":
+        raise ValueError("--verifier is written by --format speculators only (vLLM's layout names its target)")
+    info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention,
+                          verifier=args.verifier)
     taps = info["taps_entering_layers"]
     if info["layout"] == "speculators":
         variant = f", variant {'+'.join(info['variant'])}" if info["variant"] else ""

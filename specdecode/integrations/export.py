@@ -17,17 +17,18 @@ import json
 from pathlib import Path
 
 from specdecode.io.checkpoints import AUX_IDS_KEY, CONVENTION_KEY, Convention, load_drafter, save_drafter
-from specdecode.io.loading import load_model
-from specdecode.io.paths import default_drafter_path, model_name
+from specdecode.io.loading import load_model, resolve_model_dir
+from specdecode.io.paths import default_drafter_path
 
 ENGINES = ("sglang", "vllm")
 FORMATS = (*ENGINES, "speculators")  # what export writes: the engines' shared layout, or vLLM's speculators one
 
 
 def export_drafter(model: str | None, drafter: str | Path | None, fmt: str, out: str | Path,
-                   source_convention: Convention | None = None) -> dict:
+                   source_convention: Convention | None = None, verifier: str | None = None) -> dict:
     """Write ``drafter`` (validated against the target) for ``fmt`` (``FORMATS``); the taps entering
-    target layers stay the same. Returns what was written."""
+    target layers stay the same. ``verifier``: what the speculators layout names as the target, which vLLM
+    loads with it (default: the target's Hugging Face directory, which vLLM can read). Returns what was written."""
     import torch
 
     if fmt not in FORMATS:
@@ -40,8 +41,9 @@ def export_drafter(model: str | None, drafter: str | Path | None, fmt: str, out:
     src_cfg = json.loads((Path(path) / "config.json").read_text())
     dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(src_cfg.get("torch_dtype"), "float32")
     # sglang and vllm: the same file for every engine (see the module doc); a variant goes in speculators' layout
+    target_dir = str(resolve_model_dir(model)[1].resolve())
     save_drafter(head, out, dtype=getattr(torch, dtype), layout="speculators" if fmt == "speculators" else None,
-                 verifier=model_name(model))
+                 verifier=verifier or target_dir)
     written = json.loads((Path(out) / "config.json").read_text())
     nested = (written.get("eagle_config") or {}).get(AUX_IDS_KEY)
     return {"source": str(path), "out": str(out), "format": fmt, "layout": "eagle_config" if nested else "speculators",

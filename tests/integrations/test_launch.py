@@ -90,14 +90,22 @@ def test_export_keeps_the_taps_and_writes_one_file_for_every_engine(tmp_path, sm
     assert a.config.aux_layer_ids == b.config.aux_layer_ids
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    # vLLM's speculators layout: the same head and taps, the ids at the top level only, the target by name
+    # vLLM's speculators layout: the same head and taps, the ids at the top level only, the target as a directory
+    # vLLM can load (`vllm serve DRAFTER` loads it), or what --verifier names
     out = specdecode("export", "--format", "speculators", "--out", str(tmp_path / "spec"))
     assert "speculators layout" in out.stdout
     spec = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert spec["speculators_model_type"] == "eagle3" and "eagle_config" not in spec
     assert spec["eagle_aux_hidden_state_layer_ids"] == v["taps_entering_layers"]
     assert spec["norm_before_residual"] is False and spec["norm_output"] is False
-    assert spec["speculators_config"]["verifier"]["name_or_path"] == "SmolLM2-135M-Instruct.Q4_1"
+    verifier = spec["speculators_config"]["verifier"]["name_or_path"]
+    assert verifier == str(resolve_model_dir(None)[1].resolve()) and (Path(verifier) / "config.json").is_file()
+    specdecode("export", "--format", "speculators", "--verifier", "HuggingFaceTB/SmolLM2-135M-Instruct", "--out",
+               str(tmp_path / "spec"), "--overwrite")
+    spec = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert spec["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    refused = specdecode("export", "--format", "vllm", "--verifier", "x", "--out", str(tmp_path / "v2"), check=False)
+    assert refused.returncode == 2 and "--format speculators only" in refused.stderr
     c = load_drafter(tmp_path / "spec", smollm.model)
     assert c.config == a.config
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import torch
 
@@ -12,7 +13,7 @@ from specdecode.bench.fingerprint import capture
 from specdecode.bench.output import MeasureConfig, summarize
 from specdecode.bench.remote.request import Api, RequestResult
 from specdecode.bench.remote.run import RemoteError, measure_endpoint, short_model_id
-from specdecode.bench.store import Run, new_run_id, now
+from specdecode.bench.store import ResultsStore, Run, new_run_id, now
 from specdecode.io.prompts import Prompt
 
 
@@ -83,7 +84,39 @@ def bench_endpoint(endpoint: EndpointConfig, config: MeasureConfig, prompts: lis
         remote.append(rr.summary() | {"run": run})
         fingerprint["server_model"] = rr.model
         fingerprint["server_software"] = rr.server
+        fingerprint["server_version"] = rr.server_version
     summary = summarize(records, [method]) if records else []
     for row in summary:
         row["outputs_match_baseline"] = "n/a"  # one method, its own reference
+        row |= server_acceptance(remote)
     return EndpointBench(endpoint, config, len(prompts), records, summary, remote, fingerprint)
+
+
+def server_acceptance(remote: list[dict]) -> dict[str, float]:
+    """Accept length and rate over every run from the server's own counters (their deltas summed), for the
+    summary row; {} where the server reported none (a plain server, or counters it does not expose)."""
+    spec = [s["server_spec"] for s in remote if s.get("server_spec")]
+    cycles = sum(s.get("cycles") or 0 for s in spec)
+    accepted = sum(s.get("accepted_tokens") or 0 for s in spec)
+    drafted = sum(s.get("draft_tokens") or 0 for s in spec)
+    if cycles:
+        return {"accept_length": 1 + accepted / cycles} | ({"accept_rate": accepted / drafted} if drafted else {})
+    lengths = [s["accept_length"] for s in spec if s.get("accept_length") is not None]  # SGLang: a gauge only
+    return {"accept_length": sum(lengths) / len(lengths)} if lengths else {}
+
+
+def link_launch(fingerprint: dict, store: ResultsStore) -> str | None:
+    """The newest ``specdecode launch`` recorded in ``store`` for this endpoint (its port, and its host or a
+    wildcard one): its run id, time and command go into ``fingerprint`` (the engine's flags and versions are in
+    that run). Returns the run id, or None."""
+    want = urlsplit(fingerprint.get("endpoint") or "")
+    for run in store.runs_of_kind("launch"):
+        launch = run.fingerprint.get("launch") or {}
+        got = urlsplit(launch.get("endpoint") or "")
+        if got.port == want.port and got.hostname in (want.hostname, "0.0.0.0", "::"):
+            fingerprint["launch_run"] = {"run_id": run.run_id, "created": run.created,
+                                         "command": launch.get("command"),
+                                         "engine_versions": launch.get("engine_versions")}
+            return run.run_id
+    return None
+

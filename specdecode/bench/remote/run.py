@@ -64,6 +64,7 @@ class RemoteRun:
     server_spec: dict | None
     server_spec_reason: str | None = None
     server: str | None = None  # the server software, when /v1/models reveals it (identify_server)
+    server_version: str | None = None  # what the server says it is (``server_version``)
 
     def summary(self) -> dict:
         return summarize_run(self)
@@ -73,7 +74,8 @@ class RemoteRun:
 
     def to_dict(self) -> dict:
         return {"endpoint": self.endpoint, "api": self.api, "model": self.model, "server": self.server,
-                "max_new_tokens": self.max_new_tokens, "concurrency": self.concurrency,
+                "server_version": self.server_version, "max_new_tokens": self.max_new_tokens,
+                "concurrency": self.concurrency,
                 "temperature": self.temperature, "started_at": self.started_at, "wall_s": self.wall_s,
                 "summary": self.summary(), "requests": [asdict(r) for r in self.results]}
 
@@ -92,6 +94,20 @@ def _model_entries(base: str, headers: dict, timeout_s: float, client: httpx.Cli
     if not entries:
         raise RemoteError(f"GET {base}/v1/models: no models listed; pass the model name")
     return entries
+
+
+def server_version(base: str, headers: dict, timeout_s: float, client: httpx.Client) -> str | None:
+    """The version a server reports: vLLM's and SGLang's ``GET /version``, llama-server's ``/props``
+    (``build_info``); None where it reports none."""
+    for path, key in (("/version", "version"), ("/props", "build_info")):
+        try:
+            r = client.get(base + path, headers=headers, timeout=timeout_s)
+            value = r.json().get(key) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            continue
+        if isinstance(value, str | int | float) and str(value):
+            return str(value)
+    return None
 
 
 def list_models(endpoint: str, api_key: str | None = None, timeout_s: float = 30.0,
@@ -147,7 +163,7 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)), limits=limits)
-    server = None
+    server = version = None
     try:
         try:
             entries = _model_entries(base, headers, min(timeout_s, 30.0), client)
@@ -158,6 +174,7 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
         if model is None:
             model = entries[0]["id"]
         server = next((identify_server(e) for e in entries if e["id"] == model), None)
+        version = server_version(base, headers, min(timeout_s, 30.0), client)
         for _ in range(warmup):
             if prompts:
                 w = RequestResult("warmup", "warmup")
@@ -198,7 +215,7 @@ def measure_endpoint(endpoint: str, prompts: list, *, model: str | None = None, 
     return RemoteRun(endpoint=base, api=api, model=model, max_new_tokens=max_new_tokens,
                      concurrency=concurrency, temperature=temperature, started_at=started_at,
                      wall_s=wall_s, results=results, server_spec=spec_delta(before, after),
-                     server_spec_reason=reason, server=server)
+                     server_spec_reason=reason, server=server, server_version=version)
 
 
 # ---------------------------------------------------------------------------------------------
