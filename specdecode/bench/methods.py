@@ -25,8 +25,9 @@ import torch
 from specdecode.bench.llamaserver import build_llamaserver
 from specdecode.bench.openvino import OpenVINOMethod, check_openvino
 from specdecode.bench.output import Method, RunOutput
-from specdecode.bench.remote.request import RequestResult, stream_one
-from specdecode.bench.remote.run import RemoteError, list_models, normalize_endpoint
+from specdecode.bench.remote.run import RemoteError
+from specdecode.bench.servers import ServedMethod
+from specdecode.bench.vllmserver import build_vllm, check_vllm
 from specdecode.core.compiled import CompiledRunner
 from specdecode.core.costmodel import AutoSpec
 from specdecode.core.drafter import Eagle3Drafter
@@ -59,6 +60,9 @@ METHODS = (
      "drafter=PATH]",
      "OpenVINO GenAI on the target (and our drafter) exported to OpenVINO IR once: plain, its EAGLE-3 or its prompt "
      "lookup; precision=default keeps its CPU defaults (not lossless), f32 asks for float32"),
+    ("vllm[:spec=eagle3,n=N,drafter=PATH,python=PATH,dtype=D]",
+     "vLLM started by bench from its own environment (python=, $SPECDECODE_VLLM_PYTHON), plain or with its EAGLE-3 "
+     "and our drafter drafting a chain of N; float32 on a CPU unless dtype= says otherwise"),
     ("served:url=URL[,model=NAME]", "a running OpenAI-compatible server, same token ids"),
 )
 
@@ -141,36 +145,6 @@ class HFMethod:
         synchronize(self.device)
         elapsed = time.perf_counter() - t0
         return RunOutput(out[0, len(prompt_ids):].tolist(), elapsed, (first[0] if first else t0 + elapsed) - t0)
-
-
-class ServedMethod:
-    """A server as one method of a local bench: each prompt's token ids go to its
-    ``/v1/completions`` (streamed, greedy, ``return_token_ids``), timed on the client side and
-    interleaved with the local methods, so ``served`` vs ``baseline`` is the serving overhead."""
-
-    def __init__(self, name: str, url: str, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 300.0) -> None:
-        import httpx
-
-
-        self.name = name
-        self.base = normalize_endpoint(url)
-        self.timeout_s = timeout_s
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
-        self.model = model or list_models(self.base, api_key, min(timeout_s, 30.0), self.client)[0]
-
-    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-
-        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": 0.0,
-                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-        res = RequestResult("", "")
-        stream_one(self.client, self.base + "/v1/completions", body, self.headers, "completions", self.timeout_s,
-                    res, time.perf_counter())
-        if not res.ok or res.ttft_s is None:
-            raise RuntimeError(f"method {self.name}: the request to {self.base} failed: {res.error}")
-        return RunOutput(res.token_ids, res.latency_s, res.ttft_s, {"tokens_source": res.tokens_source},
-                         num_tokens=res.completion_tokens)
 
 
 def open_llama(name: str, model_path: Path, threads: int, n_ctx: int = 4096, logits_all: bool = False) -> Any:
@@ -324,6 +298,8 @@ def check_method(spec: str) -> tuple[str, dict[str, str]]:
         method_decoder_spec(spec)
     if name == "openvino":
         check_openvino(spec, params)
+    if name == "vllm":
+        check_vllm(spec, params)
     if name == "served" and ("url" not in params or set(params) - {"url", "model"}):
         raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
     return name, params
@@ -351,6 +327,9 @@ def build_method(spec: str, session: Session, drafter_path: str | None = None,
                                  session.loaded.tokenizer.eos_token_ids)
     if name == "openvino":
         return OpenVINOMethod(spec, params, session.loaded.source, session.threads, drafter_path)
+    if name == "vllm":
+        return build_vllm(spec, params, session.loaded.model_dir, session.threads, drafter_path,
+                          session.loaded.tokenizer.eos_token_ids, session.device.type)
     if name == "served":
         try:
             return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))

@@ -39,7 +39,7 @@ def test_plain_and_eagle3_methods_run_against_the_server(server, tmp_path):
         assert "-md" not in plain.command and plain.command[plain.command.index("-t") + 1] == "2"
     finally:
         plain.close()
-    assert plain.proc.poll() is not None
+    assert plain.server.proc.poll() is not None
     drafter = tmp_path / "d.gguf"
     drafter.write_bytes(b"")
     spec = build_llamaserver("llamaserver:spec=eagle3,n_max=3,ngram=ngram-simple+ngram-mod",
