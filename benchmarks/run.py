@@ -9,7 +9,8 @@ A suite: {"question": ..., "steps": [{"name": ..., "run": [specdecode args], "ou
 "serve": [specdecode serve args], "after_build": true, "may_fail": true}]}. Placeholders: {spec_bench}
 ($SPEC_BENCH: Spec-Bench's question.jsonl), {passages} ($PASSAGES), {copy_edit} (written from $CRUXEVAL:
 ``copy_edit_prompts``), {threads} ($THREADS, 2), {out} (the result folder), {port} (a free port). "out" adds
-`--out {out}/raw/NAME.json`; "requires" skips the step where a Python module is missing; "serve" starts that server
+`--out {out}/raw/NAME.json`; "requires" skips the step where a Python module (or a placeholder's file, e.g.
+"{vllm_python}": $VLLM_PYTHON, vLLM's interpreter from scripts/setup_vllm.sh) is missing; "serve" starts that server
 first and stops it after; "after_build" waits first while compiled graphs are being built (a server's background
 build); "may_fail" records an exit code of 1 (a check that failed) and goes on. Steps run one after another: never
 two benchmarks at once. A result folder keeps its README and results.json (every step's JSON under its name); raw/
@@ -40,7 +41,8 @@ INDEX = ROOT / "benchmarks" / "README.md"
 SHARED = ROOT.parent / "shared" / "data"  # the project's shared data folder, where it exists
 DEFAULTS = {"spec_bench": str(SHARED / "spec_bench_questions.jsonl"),
             "passages": str(SHARED / "prompts" / "long" / "pubmedqa__pubmedqa.jsonl"),
-            "cruxeval": str(SHARED / "prompts" / "facebookresearch__cruxeval.jsonl"), "threads": "2"}
+            "cruxeval": str(SHARED / "prompts" / "facebookresearch__cruxeval.jsonl"), "threads": "2",
+            "vllm_python": str(ROOT / ".venv-vllm" / "bin" / "python")}  # scripts/setup_vllm.sh
 # {copy_edit}: requests whose answer copies most of the prompt (a function handed back renamed), written into
 # the result folder from CRUXEval's functions (code none of us wrote): what --ngram's drafts from the text are for
 COPY_EDIT = ("Rewrite this Python function with a descriptive function name and descriptive parameter names. "
@@ -154,11 +156,13 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
     if not dry_run:
         raw.mkdir(parents=True, exist_ok=True)
     for step in suite["steps"]:
-        if step.get("requires") and importlib.util.find_spec(step["requires"]) is None:
-            print(f"# {step['name']}: skipped, no {step['requires']} module", file=sys.stderr)
-            continue
         port = free_port() if step.get("serve") else 0
         fill = values(out, port)
+        need = step.get("requires")
+        if need and (not Path(need.format(**fill)).is_file() if need.startswith("{")
+                     else importlib.util.find_spec(need) is None):
+            print(f"# {step['name']}: skipped, no {need.format(**fill)}", file=sys.stderr)
+            continue
         if not dry_run and any("{copy_edit}" in a for a in step["run"]):
             copy_edit_prompts(Path(fill["cruxeval"]), Path(fill["copy_edit"]))
         cmd = command(step, "run", fill)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
+from specdecode.bench.remote.metrics import read_spec_snapshot, spec_delta
 from specdecode.bench.remote.request import RequestResult, stream_one
 from specdecode.bench.remote.run import list_models, normalize_endpoint
 
@@ -70,7 +71,9 @@ class ServerProcess:
 class ServedMethod:
     """A server as one method of a local bench: each prompt's token ids go to its
     ``/v1/completions`` (streamed, greedy, ``return_token_ids``), timed on the client side and
-    interleaved with the local methods, so ``served`` vs ``baseline`` is the serving overhead."""
+    interleaved with the local methods, so ``served`` vs ``baseline`` is the serving overhead. Where the server
+    has speculative counters (ours, vLLM's, llama-server's at ``/metrics``), a request's accept length is read
+    from them around it."""
 
     def __init__(self, name: str, url: str, model: str | None = None, api_key: str | None = None,
                  timeout_s: float = 300.0, extra_body: dict | None = None) -> None:
@@ -79,6 +82,7 @@ class ServedMethod:
 
         self.name = name
         self.extra_body = dict(extra_body or {})
+        self.counters = True  # its speculative counters (/metrics) around each request, while it has them
         self.base = normalize_endpoint(url)
         self.timeout_s = timeout_s
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -89,11 +93,20 @@ class ServedMethod:
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_new_tokens, "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True} | self.extra_body
         res = RequestResult("", "")
+        before = read_spec_snapshot(self.client, self.base, self.headers)[0] if self.counters else None
         stream_one(self.client, self.base + "/v1/completions", body, self.headers, "completions", self.timeout_s,
                     res, time.perf_counter())
         if not res.ok or res.ttft_s is None:
             raise RuntimeError(f"method {self.name}: the request to {self.base} failed: {res.error}")
-        return RunOutput(res.token_ids, res.latency_s, res.ttft_s, {"tokens_source": res.tokens_source},
-                         num_tokens=res.completion_tokens)
+        stats: dict = {"tokens_source": res.tokens_source}
+        if self.counters:  # one request at a time: the counters' deltas are this request's
+            after, _ = read_spec_snapshot(self.client, self.base, self.headers)
+            delta = spec_delta(before, after) or {}
+            if delta.get("cycles"):
+                stats |= {"cycles": delta["cycles"], "accept_length": delta["accept_length"],
+                          "accept_rate": delta["accept_rate"], "drafted": delta["draft_tokens"],
+                          "accepted": delta["accepted_tokens"]}
+            self.counters = after is not None  # a server without counters is not asked again
+        return RunOutput(res.token_ids, res.latency_s, res.ttft_s, stats, num_tokens=res.completion_tokens)
 
 

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
-from specdecode.bench.remote.metrics import read_spec_snapshot, spec_delta
 from specdecode.bench.servers import ServedMethod, ServerProcess, free_port
 from specdecode.io.paths import default_drafter_path
 from specdecode.io.vllm import VLLM_CPU_DTYPE, vllm_command, vllm_drafter
@@ -82,19 +81,10 @@ class VLLMMethod:
         self.served = ServedMethod(name, self.server.base, str(model_dir),
                                    extra_body={"stop_token_ids": list(stop_ids)})
         self.stop_ids = tuple(stop_ids)
-        self.speculative = drafter_dir is not None
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
-        client, base = self.served.client, self.served.base
-        before = read_spec_snapshot(client, base)[0] if self.speculative else None
         out = self.served.run(prompt_ids, max_new_tokens)
         out.stats["engine"] = "vllm"
-        if self.speculative:
-            delta = spec_delta(before, read_spec_snapshot(client, base)[0]) or {}
-            if delta.get("cycles"):
-                out.stats |= {"cycles": delta["cycles"], "accept_length": delta["accept_length"],
-                              "accept_rate": delta["accept_rate"], "drafted": delta["draft_tokens"],
-                              "accepted": delta["accepted_tokens"]}
         return out
 
     def close(self) -> None:

@@ -3,13 +3,14 @@ running server measured as one method of a local bench, on the same token ids.""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from specdecode.bench.harness import run_interleaved
 from specdecode.bench.methods import BaselineMethod, build_method
 from specdecode.bench.output import summarize
 from specdecode.io.prompts import Prompt
-from tests.serving.helpers import CHAT, COMPLETIONS, KEY, NAME, expected, post, sse_events
+from tests.serving.helpers import CHAT, COMPLETIONS, KEY, NAME, expected, post, scrape, sse_events
 
 
 def test_return_token_ids_streamed_and_whole(http, loaded, decoder, tokenizer):
@@ -35,10 +36,17 @@ def test_served_method_interleaves_with_the_local_baseline(server, loaded, monke
     prompts = [Prompt("a", "qa", ({"role": "user", "content": "x"},)), Prompt("b", "qa", ({"role": "user",
                                                                                         "content": "y"},))]
     encoded = [loaded.tokenizer.encode("Once upon a time"), loaded.tokenizer.encode("1, 2, 3,")]
+    admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"})
+    cycles_before = scrape(admin).get("specdecode_spec_cycles_total", 0)
     records = run_interleaved([BaselineMethod("baseline", loaded), served], prompts, encoded, 10, runs=1, warmup=0)
     rows = {r["method"]: r for r in summarize(records, ["baseline", served.name])}
     assert rows[served.name]["outputs_match_baseline"] == "2/2"  # greedy, fp32, lossless: the same ids
     assert all(r["tokens_source"] == "usage" for r in records if r["method"] == served.name)
+    # the server's speculative counters around each request: its cycles and accept length, where it speculated
+    counted = [r for r in records if r["method"] == served.name and r.get("cycles")]
+    cycles = scrape(admin).get("specdecode_spec_cycles_total", 0) - cycles_before
+    assert sum(r["cycles"] for r in counted) == cycles
+    assert all(r["accept_length"] >= 1 and 0 <= r["accept_rate"] <= 1 for r in counted)
 
 
 def test_served_method_errors_name_the_fix(server, monkeypatch):
