@@ -4,6 +4,7 @@ tests as ``from tests.helpers import ...``; fixtures live in ``conftest.py``."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -119,3 +120,16 @@ def plain_steps(model, prompt, max_new_tokens, sampling, generator=None):
 def eagle3_steps(target, drafter, prompt, max_new_tokens, sampling, generator, config, policy=None):
     """EAGLE-3 decoding of a request alone, cycle by cycle (``decode_steps``)."""
     return decode_steps(target, drafter, prompt, max_new_tokens, sampling, generator, config, policy)
+
+
+def tiny_model_dir(where):
+    """A tiny HF model directory a `specdecode` command can load: weights, a word-level tokenizer, a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    save_tiny_hf(where, max_position_embeddings=512)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(101)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(where / "tokenizer.json"))
+    (where / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1",
+        "chat_template": "{% for m in messages %}t2 {{ m['content'] }} t3 {% endfor %}"}))

@@ -1,22 +1,19 @@
-"""What ``bench --methods`` and ``sweep`` measure: the method-string grammar (one parser) and
-the methods themselves. A method string is ``baseline``, ``hf``, ``llamacpp`` (llama.cpp on the
-same GGUF), ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
-``served:url=URL[,model=NAME]`` (a running server, measured over HTTP with the same token ids), or
-``llamaserver[:spec=eagle3,n_max=N]`` (llama.cpp's llama-server, started by bench: ``bench.llamaserver``),
-``openvino[:spec=eagle3|prompt_lookup,...]`` (OpenVINO GenAI: ``bench.openvino``);
-``baseline`` and ``eagle3`` take ``compile=on|off`` (compiled or eager steps for that method alone,
-whatever ``--compile`` says: both in one interleaved run);
-``eagle3`` with no parameters is the shape ``generate`` decodes with (``--spec-config auto``: chosen
-by ``runtime.autospec``; the parameters given are kept, ``spec=static`` takes ``SpecConfig()`` under
-them). EAGLE-3 methods get their decoder from the one factory,
-``runtime.decoders.build_decoder``."""
+"""What ``bench --methods`` and ``sweep`` measure: the method-string grammar (one parser) and the
+methods themselves, one registry (``METHODS``: each kind's grammar, what it measures, its check and its
+builder). Ours (``baseline``, ``eagle3``) take ``compile=on|off`` (compiled or eager steps for that method
+alone, whatever ``--compile`` says: both in one interleaved run); ``eagle3`` with no parameters is the shape
+``generate`` decodes with (``--spec-config auto``: chosen by ``runtime.autospec``; the parameters given are
+kept, ``spec=static`` takes ``SpecConfig()`` under them), its decoder from the one factory,
+``runtime.decoders.build_decoder``. Peers run in process (``hf``, ``llamacpp``), as servers bench starts
+(``llamaserver``, ``vllm``: ``bench.llamaserver``, ``bench.vllmserver``), through OpenVINO GenAI
+(``bench.openvino``), or as a running server (``served``)."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,36 +37,6 @@ from specdecode.runtime.autospec import SPEC_MODES, SpecChoice
 from specdecode.runtime.decoders import DecoderSpec, build_decoder
 from specdecode.runtime.device import synchronize
 from specdecode.runtime.session import Session
-
-# Every method string bench takes: its grammar and what it measures (the --methods help and the
-# unknown-method error are written from this one list).
-METHODS = (
-    ("baseline[:compile=on|off]", "our plain decoding (the usual reference)"),
-    ("eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,ngram=M,budget=0|1,"
-     "compile=on|off,drafter_weights=auto|native|int8|q4]",
-     "our EAGLE-3; no parameters: the shape --spec-config auto chooses for this run's steps (generate's, on the "
-     "same steps); ngram=M: with up to M tokens a cycle copied from the request's text (generate --ngram); "
-     "budget=1: each cycle verifies what pays (generate --verify-budget); drafter_weights: the drafter's "
-     "format (generate --drafter-weights)"),
-    ("hf", "transformers' generate on the same weights"),
-    ("llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF"),
-    ("llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]",
-     "llama.cpp's llama-server started by bench, plain or with its EAGLE-3 and our drafter, and with its own n-gram "
-     "drafts (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) beside it or alone"),
-    ("openvino[:spec=eagle3|prompt_lookup,draft_tokens=N,ngram=M,precision=default|f32,weights=gguf|f32,"
-     "drafter=PATH]",
-     "OpenVINO GenAI on the target (and our drafter) exported to OpenVINO IR once: plain, its EAGLE-3 or its prompt "
-     "lookup; precision=default keeps its CPU defaults (not lossless), f32 asks for float32"),
-    ("vllm[:spec=eagle3,n=N,drafter=PATH,python=PATH,dtype=D]",
-     "vLLM started by bench from its own environment (python=, $SPECDECODE_VLLM_PYTHON), plain or with its EAGLE-3 "
-     "and our drafter drafting a chain of N; float32 on a CPU unless dtype= says otherwise"),
-    ("served:url=URL[,model=NAME]", "a running OpenAI-compatible server, same token ids"),
-)
-
-
-def methods_help() -> str:
-    return "; ".join(f"{grammar} ({what})" for grammar, what in METHODS)
-
 
 EAGLE3_KEYS = {"steps": "num_steps", "topk": "topk", "draft_tokens": "num_draft_tokens"}
 EAGLE3_OTHER_KEYS = ("drafter", "spec", "adapt", "ngram", "budget", "compile", "drafter_weights")
@@ -280,59 +247,123 @@ def _method_runner(spec: str, params: dict[str, str], session: Session) -> StepR
     return session.building_steps()
 
 
-METHOD_NAMES = tuple(grammar.split("[")[0].split(":")[0] for grammar, _ in METHODS)
+def _no_params(spec: str, params: dict[str, str], allowed: tuple[str, ...] = ()) -> None:
+    extra = set(params) - set(allowed)
+    if extra:
+        but = f" but {', '.join(allowed)}" if allowed else ""
+        raise ValueError(f"method {spec.partition(':')[0]!r} takes no parameters{but} (got {params})")
+
+
+def _check_compile(spec: str, params: dict[str, str]) -> None:
+    if params.get("compile", "on") not in ("on", "off"):
+        raise ValueError(f"method {spec!r}: compile must be on or off")
+
+
+def _check_baseline(spec: str, params: dict[str, str]) -> None:
+    _no_params(spec, params, ("compile",))
+    _check_compile(spec, params)
+
+
+def _check_eagle3(spec: str, params: dict[str, str]) -> None:
+    _check_compile(spec, params)
+    method_decoder_spec(spec)
+
+
+def _check_served(spec: str, params: dict[str, str]) -> None:
+    if "url" not in params or set(params) - {"url", "model"}:
+        raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
+
+
+def _build_baseline(spec: str, params: dict[str, str], session: Session, drafter_path: str | None,
+                    drafters: dict | None) -> Method:
+    return BaselineMethod(spec, session.loaded, runner=_method_runner(spec, params, session))
+
+
+def _build_eagle3(spec: str, params: dict[str, str], session: Session, drafter_path: str | None,
+                  drafters: dict | None) -> Method:
+    decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
+    if not decoder.is_speculative:
+        raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
+    return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice,
+                          _method_runner(spec, params, session))
+
+
+def _build_served(spec: str, params: dict[str, str], session: Session, drafter_path: str | None,
+                  drafters: dict | None) -> Method:
+    try:
+        return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
+    except RemoteError as e:
+        raise ValueError(f"method {spec!r}: {e} (is the server running?)") from None
+
+
+@dataclass(frozen=True)
+class MethodKind:
+    """One kind of bench method: its grammar and what it measures (the --methods help and the unknown-method
+    error are written from these), how its parameters are checked before anything loads, and how it is built."""
+
+    grammar: str
+    what: str
+    check: Callable[[str, dict[str, str]], None]
+    build: Callable[[str, dict[str, str], Session, str | None, dict | None], Method]
+
+
+# Every method string bench takes, by name.
+METHODS: dict[str, MethodKind] = {
+    "baseline": MethodKind("baseline[:compile=on|off]", "our plain decoding (the usual reference)", _check_baseline,
+                           _build_baseline),
+    "eagle3": MethodKind(
+        "eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH,spec=auto|static,adapt=0|1,ngram=M,budget=0|1,"
+        "compile=on|off,drafter_weights=auto|native|int8|q4]",
+        "our EAGLE-3; no parameters: the shape --spec-config auto chooses for this run's steps (generate's, on the "
+        "same steps); ngram=M: with up to M tokens a cycle copied from the request's text (generate --ngram); "
+        "budget=1: each cycle verifies what pays (generate --verify-budget); drafter_weights: the drafter's "
+        "format (generate --drafter-weights)", _check_eagle3, _build_eagle3),
+    "hf": MethodKind("hf", "transformers' generate on the same weights", _no_params,
+                     lambda spec, params, s, d, ds: HFMethod(spec, s.loaded, s.dtype, s.device)),
+    "llamacpp": MethodKind(
+        "llamacpp", "llama.cpp in process (llama-cpp-python) on the same GGUF", _no_params,
+        lambda spec, params, s, d, ds: LlamaCppMethod(spec, s.loaded.source, s.threads,
+                                                      s.loaded.tokenizer.eos_token_ids)),
+    "llamaserver": MethodKind(
+        "llamaserver[:spec=eagle3,n_max=N,drafter=PATH,server=PATH,ngram=TYPE+TYPE]",
+        "llama.cpp's llama-server started by bench, plain or with its EAGLE-3 and our drafter, and with its own "
+        "n-gram drafts (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) beside it or alone",
+        lambda spec, params: None,  # checked as it is built: its n-gram types need io.llamacpp (torch)
+        lambda spec, params, s, d, ds: build_llamaserver(spec, params, s.loaded.source, s.threads, d,
+                                                         s.loaded.tokenizer.eos_token_ids)),
+    "openvino": MethodKind(
+        "openvino[:spec=eagle3|prompt_lookup,draft_tokens=N,ngram=M,precision=default|f32,weights=gguf|f32,"
+        "drafter=PATH]",
+        "OpenVINO GenAI on the target (and our drafter) exported to OpenVINO IR once: plain, its EAGLE-3 or its "
+        "prompt lookup; precision=default keeps its CPU defaults (not lossless), f32 asks for float32",
+        check_openvino, lambda spec, params, s, d, ds: OpenVINOMethod(spec, params, s.loaded.source, s.threads, d)),
+    "vllm": MethodKind(
+        "vllm[:spec=eagle3,n=N,drafter=PATH,python=PATH,dtype=D]",
+        "vLLM started by bench from its own environment (python=, $SPECDECODE_VLLM_PYTHON), plain or with its "
+        "EAGLE-3 and our drafter drafting a chain of N; float32 on a CPU unless dtype= says otherwise",
+        check_vllm, lambda spec, params, s, d, ds: build_vllm(spec, params, s.loaded.model_dir, s.threads, d,
+                                                              s.loaded.tokenizer.eos_token_ids, s.device.type)),
+    "served": MethodKind("served:url=URL[,model=NAME]", "a running OpenAI-compatible server, same token ids",
+                         _check_served, _build_served),
+}
+
+
+def methods_help() -> str:
+    return "; ".join(f"{kind.grammar} ({kind.what})" for kind in METHODS.values())
 
 
 def check_method(spec: str) -> tuple[str, dict[str, str]]:
     """A method string's name and parameters, checked without loading anything (``bench`` checks every
     method before the model loads); ``build_method`` checks the same way."""
     name, params = parse_method(spec)
-    if name not in METHOD_NAMES:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(grammar for grammar, _ in METHODS)}")
-    if name in ("hf", "llamacpp") and params or name == "baseline" and set(params) - {"compile"}:
-        raise ValueError(f"method {name!r} takes no parameters{' but compile' if name == 'baseline' else ''} "
-                         f"(got {params})")
-    if name in ("baseline", "eagle3") and params.get("compile", "on") not in ("on", "off"):
-        raise ValueError(f"method {spec!r}: compile must be on or off")
-    if name == "eagle3":
-        method_decoder_spec(spec)
-    if name == "openvino":
-        check_openvino(spec, params)
-    if name == "vllm":
-        check_vllm(spec, params)
-    if name == "served" and ("url" not in params or set(params) - {"url", "model"}):
-        raise ValueError(f"method {spec!r}: give the server as served:url=http://HOST:PORT[,model=NAME]")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(k.grammar for k in METHODS.values())}")
+    METHODS[name].check(spec, params)
     return name, params
 
 
 def build_method(spec: str, session: Session, drafter_path: str | None = None,
                  drafters: dict[tuple[str, str], Eagle3Drafter] | None = None) -> Method:
-    """``baseline``, ``hf``, ``llamacpp``, ``eagle3[:steps=S,topk=K,draft_tokens=N,drafter=PATH]`` or
-    ``served:url=URL[,model=NAME]``."""
+    """Any method of ``METHODS`` from its string, checked first."""
     name, params = check_method(spec)
-    runner = _method_runner(spec, params, session) if name in ("baseline", "eagle3") else EAGER
-    if name == "baseline":
-        return BaselineMethod(spec, session.loaded, runner=runner)
-    if name == "hf":
-        return HFMethod(spec, session.loaded, session.dtype, session.device)
-    if name == "llamacpp":
-        return LlamaCppMethod(spec, session.loaded.source, session.threads, session.loaded.tokenizer.eos_token_ids)
-    if name == "eagle3":
-        decoder = build_decoder(method_decoder_spec(spec, drafter_path), session, drafters)
-        if not decoder.is_speculative:
-            raise ValueError(f"method {spec!r} needs a drafter: pass --drafter PATH (or drafter=random)")
-        return BaselineMethod(spec, session.loaded, decoder.decode, decoder.config, decoder.choice, runner)
-    if name == "llamaserver":
-        return build_llamaserver(spec, params, session.loaded.source, session.threads, drafter_path,
-                                 session.loaded.tokenizer.eos_token_ids)
-    if name == "openvino":
-        return OpenVINOMethod(spec, params, session.loaded.source, session.threads, drafter_path)
-    if name == "vllm":
-        return build_vllm(spec, params, session.loaded.model_dir, session.threads, drafter_path,
-                          session.loaded.tokenizer.eos_token_ids, session.device.type)
-    if name == "served":
-        try:
-            return ServedMethod(spec, params["url"], params.get("model"), os.environ.get("SPECDECODE_API_KEY"))
-        except RemoteError as e:
-            raise ValueError(f"method {spec!r}: {e} (is the server running?)") from None
-    raise AssertionError(f"check_method let {name!r} through")
+    return METHODS[name].build(spec, params, session, drafter_path, drafters)

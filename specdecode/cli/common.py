@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,17 +157,16 @@ def existing_file(text: str) -> str:
     return text
 
 
-def add_renamed(p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str, dest: str,
-                type: Callable[[str], Any] = str) -> None:
-    """The old spelling of a renamed flag (one name per concept across commands): still read for a release, hidden
-    from --help, with a note on stderr. Add it after the new one (the new one's default stands)."""
+def add_renamed(p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str) -> None:
+    """An old spelling of a renamed flag (one name per concept across commands) is refused with the new name,
+    hidden from --help: it is not read (no second name to keep), and nobody is left with argparse's bare
+    "unrecognized arguments"."""
 
     class Renamed(argparse.Action):
         def __call__(self, parser, namespace, values, option_string=None):
-            print(f"specdecode: note: {old} is now {new}; the old name goes in a later release", file=sys.stderr)
-            setattr(namespace, self.dest, values)
+            parser.error(f"{old} is now {new}")
 
-    p.add_argument(old, dest=dest, type=type, action=Renamed, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument(old, action=Renamed, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_prompt_args(p: argparse.ArgumentParser, max_new_tokens: int,

@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-max-len", type=int, default=DEFAULT_COMPILE_MAX_LEN, dest="max_len",
                    help="the longest request (prompt + new tokens) to compile for: caches of 256, 512, ... tokens up "
                         f"to it (default: {DEFAULT_COMPILE_MAX_LEN}; the same flag as serve's)")
-    add_renamed(p, "--max-len", "--compile-max-len", "max_len", int)
+    add_renamed(p, "--max-len", "--compile-max-len")
     p.add_argument("--serve", action="store_true",
                    help="the graphs `specdecode serve` with these flags runs (continuous batching), not generate's")
     p.add_argument("--prune", action="store_true",

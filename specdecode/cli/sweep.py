@@ -42,11 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "cost-model prediction, and PNG plots.")
     p.add_argument("--num-steps", type=int_list, default=list(_D.steps), dest="steps",
                    help="draft depths to measure, e.g. 1,2,3,4")
-    add_renamed(p, "--steps", "--num-steps", "steps", int_list)
+    add_renamed(p, "--steps", "--num-steps")
     p.add_argument("--topk", type=int_list, default=list(_D.topk), help="branchings to measure, e.g. 1,2,4")
     p.add_argument("--num-draft-tokens", type=int_list, default=None, dest="draft_tokens",
                    help="tree nodes verified, for topk > 1 (default: each shape's own rule)")
-    add_renamed(p, "--draft-tokens", "--num-draft-tokens", "draft_tokens", int_list)
+    add_renamed(p, "--draft-tokens", "--num-draft-tokens")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one)")
     add_prompt_args(p, _D.max_new_tokens)
     p.add_argument("--runs", type=positive_int, default=_D.runs, help="passes over the prompt set")

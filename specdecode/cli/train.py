@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=d.target_dtype, dest="target_dtype",
                    help="dtype of the frozen target: auto (bfloat16 where the device computes bf16 natively, else "
                         "float32: bf16 on a CPU without it was 6x slower), bfloat16 or float32. Default: auto")
-    add_renamed(p, "--target-dtype", "--dtype", "target_dtype")
+    add_renamed(p, "--target-dtype", "--dtype")
     p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=None,
                    help="the draft's matmuls in bf16 (fp32 master weights); default: where the device computes bf16 "
                         "natively (emulated, it was 25x slower than fp32)")

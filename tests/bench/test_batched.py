@@ -15,7 +15,7 @@ from specdecode.core.speculative import Eagle3Decoder, SpecConfig
 from specdecode.io.loading import LoadedModel
 from specdecode.runtime.decoders import Decoder
 from specdecode.runtime.session import RuntimeConfig, Session
-from tests.core.test_batching import Tok
+from tests.core.helpers import Tok
 from tests.helpers import run_specdecode, tiny_model
 
 

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from specdecode.cli.commands import SUBCOMMANDS
 from specdecode.cli.main import build_parser
 
@@ -55,9 +57,10 @@ def test_the_command_list_needs_no_torch():
     assert all(name in out.stdout for name in SUBCOMMANDS) and "answer one prompt" in out.stdout
 
 
-def test_renamed_flags_keep_their_old_spelling_for_a_release_with_a_note(capsys):
+def test_renamed_flags_are_refused_with_their_new_name(capsys):
     """One name per concept: sweep --num-steps/--num-draft-tokens as generate's, compile --compile-max-len as
-    serve's, train --dtype as every other command's; the old names still parse, with a note, hidden from --help."""
+    serve's, train --dtype as every other command's; an old name is refused (exit 2) with the new one, hidden
+    from --help, and the new name parses."""
     new = {"--steps": "--num-steps", "--draft-tokens": "--num-draft-tokens", "--max-len": "--compile-max-len",
            "--target-dtype": "--dtype"}
     cases = {("sweep", "--steps", "1,2"): ("steps", [1, 2]),
@@ -67,9 +70,9 @@ def test_renamed_flags_keep_their_old_spelling_for_a_release_with_a_note(capsys)
     for argv, (dest, value) in cases.items():
         old = argv[-2]
         parser = build_parser(argv[:1])
-        assert getattr(parser.parse_args(list(argv)), dest) == value
-        assert f"note: {old} is now {new[old]}" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as refused:
+            parser.parse_args(list(argv))
+        assert refused.value.code == 2 and f"{old} is now {new[old]}" in capsys.readouterr().err
         assert getattr(parser.parse_args([new.get(a, a) for a in argv]), dest) == value
-        assert "note" not in capsys.readouterr().err
         command = next(p for path, p in _parsers(parser) if path == argv[0])
         assert not re.search(rf"(?<![\w-]){re.escape(old)}\b", command.format_help()), old

@@ -26,36 +26,8 @@ from specdecode.core.requests import ContextLengthError, GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-from tests.core.test_spec_sampling import chi_square_p
+from tests.core.helpers import Tok, chi_square_p, run_all
 from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
-
-
-class Tok:
-    eos_token_ids = (3,)
-
-    def decode(self, ids):
-        return " ".join(map(str, ids))
-
-
-def run_all(engine, prompts, options, order=None, remove_at=None):
-    """Submit as slots free up; returns each request's tokens (and its Finished record)."""
-    out = {i: [] for i in range(len(prompts))}
-    finished = {}
-    queue = list(order if order is not None else range(len(prompts)))
-    steps = 0
-    while queue or engine.active:
-        while queue and engine.free_slots:
-            i = queue.pop(0)
-            engine.add(i, prompts[i], options[i] if isinstance(options, list) else options)
-        report = engine.step()
-        steps += 1
-        for key, chunk in report.events:
-            out[key] += chunk.token_ids
-        for done in report.finished:
-            finished[done.key] = done
-        if remove_at and steps in remove_at:
-            finished[remove_at[steps]] = engine.remove(remove_at[steps])
-    return out, finished
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,7 @@ model, shapes chosen to land in the same buckets."""
 
 from __future__ import annotations
 
-import collections
 import random
-from dataclasses import replace
 
 import pytest
 import torch
@@ -17,12 +15,11 @@ import specdecode.core.compiled as compiled_module
 from specdecode.core.batching import BatchConfig, BatchEngine
 from specdecode.core.compiled import MIN_SPAN, CompiledRunner, bucket, check_compile_mode, span_bucket
 from specdecode.core.drafter import random_drafter
-from specdecode.core.engine import Engine, baseline_decode
+from specdecode.core.engine import Engine
 from specdecode.core.requests import GenerateOptions
-from specdecode.core.runner import EAGER
 from specdecode.core.specpolicy import CALIBRATION_STEPS
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-from tests.core.test_batching import Tok, run_all
+from tests.core.helpers import RecordingStore, Tok, generate, run_all
 from tests.helpers import tiny_model
 
 SPEC = SpecConfig(2, 2, 5)  # verifies 5 tokens: the 8-token bucket
@@ -48,12 +45,6 @@ def prompts():
 
 def unique_graphs() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
-def generate(model, decoder, prompt, n=24, runner=EAGER):
-    """``decoder`` (None: plain decoding) with ``runner``'s steps."""
-    engine = Engine(model, Tok(), replace(decoder or baseline_decode, runner=runner))
-    return engine.generate(prompt, GenerateOptions(max_new_tokens=n, stop_token_ids=())).token_ids
 
 
 def test_buckets():
@@ -132,29 +123,6 @@ def test_training_mode_stays_eager():
     assert torch.is_grad_enabled() and not steps.serves(1, 1)
     with torch.inference_mode():
         assert steps.serves(1, 16) and not steps.serves(1, 17)
-
-
-
-class RecordingStore:
-    """A ``GraphStore`` whose 'build' is the step itself, run eager: which graphs were asked for, at
-    no compile cost (what a real store builds is tested in tests/runtime/test_compiling.py)."""
-
-    def __init__(self) -> None:
-        self.built: list = []
-        self.calls: collections.Counter = collections.Counter()  # key -> calls of its graph
-        self.spans: set[int] = set()  # the attention spans its graphs were called with
-
-    def load(self, module, key, step):
-        return None
-
-    def build(self, module, key, step, args, dynamic_shapes=None):
-        self.built.append(key)
-
-        def graph(*a):
-            self.calls[key] += 1
-            self.spans.add(a[3].shape[-1])
-            return step(*a)
-        return graph
 
 
 @pytest.mark.parametrize("policy, invariant", [("never", False), ("always", False), ("auto", False),

@@ -21,7 +21,7 @@ from specdecode.core.costmodel import (
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import SpecConfig
-from tests.core.test_speculative import baseline, tokens
+from tests.core.helpers import baseline, tokens
 from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
 
 

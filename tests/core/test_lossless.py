@@ -8,19 +8,10 @@ from specdecode.core.drafter import random_drafter
 from specdecode.core.engine import BaselineDecoder, Engine
 from specdecode.core.lossless import DEFAULT_TOLERANCE, check_lossless, self_draft_decoder, top2_gap
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
+from tests.core.helpers import PROMPTS, DigitTokenizer
 from tests.helpers import plain_steps, tiny_model
 
-PROMPTS = [("p0", "cat-a", [5, 17, 3, 42, 8]), ("p1", "cat-b", [1, 2, 3]), ("p2", "cat-a", [60, 61, 9, 9, 9, 30])]
 N = 16
-
-
-class DigitTokenizer:
-    """No stop tokens (every run uses its whole budget); text is the ids."""
-
-    eos_token_ids: tuple[int, ...] = ()
-
-    def decode(self, ids):
-        return " ".join(map(str, ids))
 
 
 def test_random_drafter_is_lossless():

@@ -4,7 +4,6 @@ target's distribution when sampling, chi-square)."""
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -17,8 +16,7 @@ from specdecode.core.requests import GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import DraftTree, SpecConfig, ancestor_mask, graft
-from tests.core.test_batching import Tok, run_all
-from tests.core.test_spec_sampling import chi_square_p
+from tests.core.helpers import Tok, run_all, sampled_joint_matches_the_target
 from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
 
 
@@ -119,33 +117,6 @@ def test_a_batch_with_ngram_proposals_equals_each_request_alone():
     assert [got[i] for i in range(len(prompts))] == alone
     assert sum(f.profile.ngram_accepted for f in finished.values()) > 0
     assert any(f.profile.ngram_drafted < f.profile.drafted for f in finished.values())  # both proposers verified
-
-
-def sampled_joint_matches_the_target(config, budget=None):
-    """The joint distribution of the first three tokens, sampled with a partly right head (and whatever
-    ``config`` and ``budget`` add) from a prompt that repeats itself, in batches, against the enumerated
-    exact joint (chi-square). Returns the requests' Finished records."""
-    V6 = 6
-    target = tiny_model(seed=30, vocab_size=V6, num_layers=3)
-    drafter = SelfDrafter(perturbed(target, 0.1, 0), target, 1)
-    prompt = [1, 2, 3, 1, 2, 4, 1, 2]
-    n0 = len(prompt)
-    exact = torch.zeros(V6, V6, V6, dtype=torch.float64)
-    for a, b in itertools.product(range(V6), repeat=2):
-        seq = prompt + [a, b]
-        logits = target(torch.tensor([seq]), torch.arange(len(seq)), target.new_cache(1, 16)).logits[0].double()
-        p = torch.softmax(logits, -1)
-        exact[a, b] = p[n0 - 1, a] * p[n0, b] * p[n0 + 1]
-    n = 3000
-    options = [GenerateOptions(3, SamplingParams(temperature=1.0, seed=20_000 + i), stop_token_ids=())
-               for i in range(n)]
-    engine = BatchEngine(target, Tok(), drafter, config, BatchConfig(slots=8, spec_policy="always"), budget=budget)
-    got, finished = run_all(engine, [prompt] * n, options)
-    counts = torch.zeros(V6, V6, V6, dtype=torch.float64)
-    for toks in got.values():
-        counts[tuple(toks)] += 1
-    assert chi_square_p(counts.flatten(), exact.flatten()) > 1e-3
-    return finished
 
 
 def test_sampling_with_ngram_proposals_matches_the_target_distribution():

@@ -19,7 +19,7 @@ from specdecode.core.requests import GenerateOptions
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-from tests.core.test_batching import Tok, run_all
+from tests.core.helpers import Tok, run_all
 from tests.helpers import eagle3_steps, perturbed, tiny_model
 
 

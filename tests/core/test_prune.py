@@ -16,7 +16,7 @@ from specdecode.core.requests import GenerateOptions, TokenIdsOnly
 from specdecode.core.sampling import SamplingParams
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import Acceptance, DraftTree, Eagle3Decoder, SpecConfig, ancestor_mask, graft, select
-from tests.core.test_ngram import sampled_joint_matches_the_target
+from tests.core.helpers import sampled_joint_matches_the_target
 from tests.helpers import perturbed, plain_steps, tiny_model
 
 

@@ -16,7 +16,7 @@ from specdecode.core.quant import (
     set_activations,
 )
 from specdecode.core.speculative import Eagle3Decoder, SpecConfig
-from tests.core.test_lossless import PROMPTS, DigitTokenizer
+from tests.core.helpers import PROMPTS, DigitTokenizer
 from tests.helpers import tiny_model
 
 

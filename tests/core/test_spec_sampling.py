@@ -1,7 +1,6 @@
 """Speculative sampling must reproduce the target distribution exactly (chi-square tests)."""
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -9,24 +8,8 @@ import torch
 from specdecode.core.sampling import SamplingParams, logits_to_probs
 from specdecode.core.selfdraft import SelfDrafter
 from specdecode.core.speculative import DraftTree, Verification, accept_sampling, ancestor_mask
+from tests.core.helpers import chi_square_p
 from tests.helpers import eagle3_steps, perturbed, tiny_model
-
-
-def chi_square_p(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Upper-tail p-value of Pearson's chi-square; cells with small expectation are pooled.
-    (Wilson-Hilferty normal approximation of the chi-square tail.)"""
-    n = observed.sum()
-    expected = expected_probs * n
-    small = expected < min_expected
-    obs = torch.cat((observed[~small], observed[small].sum().view(1)))
-    exp = torch.cat((expected[~small], expected[small].sum().view(1)))
-    keep = exp > 0
-    assert (obs[~keep] == 0).all(), "a sample fell where the target has zero probability"
-    obs, exp = obs[keep], exp[keep]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    k = len(obs) - 1
-    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def test_chi_square_helper_detects_a_wrong_distribution():

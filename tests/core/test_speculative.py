@@ -17,18 +17,11 @@ from specdecode.core.speculative import (
     spec_cycle,
     start_draft,
 )
-from tests.helpers import eagle3_steps, perturbed, plain_steps, tiny_model
+from tests.core.helpers import baseline, tokens
+from tests.helpers import eagle3_steps, perturbed, tiny_model
 
 CONFIGS = [SpecConfig(1, 1), SpecConfig(3, 1), SpecConfig(5, 1), SpecConfig(2, 2, 4), SpecConfig(3, 3, 8),
            SpecConfig(4, 2, 10), SpecConfig(3, 4, 20)]
-
-
-def tokens(steps):
-    return [t for s in steps for t in s.tokens]
-
-
-def baseline(model, prompt, n):
-    return tokens(plain_steps(model, prompt, n, SamplingParams()))
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)

@@ -10,20 +10,7 @@ import subprocess
 import sys
 
 from specdecode.runtime import background
-from tests.helpers import save_tiny_hf
-
-
-def _tiny_dir(where):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    save_tiny_hf(where, max_position_embeddings=512)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(101)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(where / "tokenizer.json"))
-    (where / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "t0", "eos_token": "t1",
-        "chat_template": "{% for m in messages %}t2 {{ m['content'] }} t3 {% endfor %}"}))
-
+from tests.helpers import tiny_model_dir
 
 # One start of the library in its own process, as a user's two runs are: what it decoded and how its steps ran.
 START = """
@@ -49,7 +36,7 @@ print(json.dumps({"stored_graphs": config.stored_graphs, "reason": session.compi
 
 def test_the_second_start_runs_the_graphs_the_first_run_built_in_the_background(tmp_path):
     model_dir = tmp_path / "model"
-    _tiny_dir(model_dir)
+    tiny_model_dir(model_dir)
     env = os.environ | {"SPECDECODE_CACHE": str(tmp_path / "cache"), background.BACKGROUND_ENV: "1"}
 
     def run() -> dict:

@@ -35,8 +35,7 @@ from specdecode.runtime import background, graphstore
 from specdecode.runtime.compiling import precompile, precompile_pool, resolve_compile, stored_steps
 from specdecode.runtime.graphstore import TRACED_MODULES, PackageStore, code_identity
 from specdecode.runtime.session import RuntimeConfig, Session
-from tests.core.test_batching import Tok
-from tests.core.test_compiled import generate
+from tests.core.helpers import Tok, generate
 from tests.helpers import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -327,7 +327,7 @@ def test_compiled_steps_are_warmed_before_the_first_request_and_nothing_compiles
     from dataclasses import replace
 
     from specdecode.core.compiled import CompiledRunner
-    from tests.core.test_compiled import RecordingStore
+    from tests.core.helpers import RecordingStore
 
     caplog.set_level(logging.INFO, logger="specdecode")
     store = RecordingStore()

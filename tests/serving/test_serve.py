@@ -75,9 +75,9 @@ def test_serve_builds_its_missing_graphs_and_the_next_start_runs_them(tmp_path):
     own flags in the background; the second start with the same flags loads every graph (none eager, no build)
     and answers what the first did (float64: exactly), with no command in between."""
     from specdecode.runtime.background import running_build
-    from tests.runtime.test_builds import _tiny_dir
+    from tests.helpers import tiny_model_dir
 
-    _tiny_dir(tmp_path / "model")
+    tiny_model_dir(tmp_path / "model")
     env = {"SPECDECODE_CACHE": str(tmp_path / "cache"), "SPECDECODE_BACKGROUND_COMPILE": "1"}
     flags = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--kernels", "static", "--threads", "1",
              "--no-spec", "--max-running-requests", "2", "--context-length", "256"]
