@@ -31,6 +31,7 @@ LAUNCH_ENGINES = (*ENGINES, "llamacpp")
 CHAIN_ENGINES = ("vllm", "llamacpp")  # engines whose EAGLE-3 drafts a chain only
 PYTHON_ENGINES = ("sglang", "vllm")  # engines that run as a module of a Python that has them (--engine-python)
 ENGINE_DISTRIBUTIONS = {"sglang": ("sglang",), "vllm": VLLM_DISTRIBUTIONS}
+VLLM_KV_ENV, VLLM_CPU_KV_GB = "VLLM_CPU_KVCACHE_SPACE", "4"
 
 
 def engine_installed(engine: str, python: str | None = None) -> bool:
@@ -212,20 +213,30 @@ def plan_launch(cfg: LaunchConfig) -> LaunchPlan:
     python = cfg.engine_python
     if cfg.engine == "vllm" and python is None and importlib.util.find_spec("vllm") is not None:
         python = sys.executable  # its server module: PyPI's CPU build has no working `vllm` command
-    extra = list(cfg.engine_args) + (_vllm_dtype(cfg, warnings, notes) if cfg.engine == "vllm" else [])
+    cpu = cfg.engine == "vllm" and not _has_cuda()
+    extra = list(cfg.engine_args) + (_vllm_dtype(cfg, warnings, notes) if cpu else [])
     cmd = engine_command(cfg.engine, str(model_dir), drafter, tp=cfg.tp, num_steps=steps, topk=cfg.spec.topk,
                          num_draft_tokens=cfg.spec.num_draft_tokens, host=cfg.host, port=cfg.port,
                          extra=extra, python=python)
-    return _with_profile(cfg, cmd, model_dir, drafter, warnings, notes)
+    plan = _with_profile(cfg, cmd, model_dir, drafter, warnings, notes)
+    if cpu and VLLM_KV_ENV not in plan.env:
+        # vLLM's CPU default gives its KV cache most of the machine's memory: beside a bench client that loads a
+        # model its worker was killed for memory (2026-12-08); the variable set (here or by a profile) wins
+        plan.env[VLLM_KV_ENV] = plan.env_changes[VLLM_KV_ENV] = VLLM_CPU_KV_GB
+        notes.append(f"vLLM on a CPU: {VLLM_KV_ENV}={VLLM_CPU_KV_GB} GiB of KV cache (its default takes most of the "
+                     "machine's memory); set it to choose")
+    return plan
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _vllm_dtype(cfg: LaunchConfig, warnings: list[str], notes: list[str]) -> list[str]:
-    """The ``--dtype`` to add for vLLM: on a machine without CUDA, float32 unless --engine-args names one (and a
+    """The ``--dtype`` to add for vLLM on a machine without CUDA: float32 unless --engine-args names one (and a
     warning where that one is bfloat16 compiled)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return []
     chosen = engine_dtype(list(cfg.engine_args))
     if chosen is None:
         notes.append(f"vLLM on a CPU: --dtype {VLLM_CPU_DTYPE} (its compiled bfloat16 path gave wrong text here; "

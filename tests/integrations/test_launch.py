@@ -27,6 +27,16 @@ def profile_env(tmp_path):
     return {"SPECDECODE_PROFILE_DIR": str(d)}
 
 
+def command_argv(stdout: str) -> list[str]:
+    """The printed command without its leading ``env VAR=... -u VAR`` part."""
+    argv = shlex.split(stdout.strip())
+    if argv[:1] == ["env"]:
+        argv = argv[1:]
+        while argv and ("=" in argv[0] or argv[0] == "-u"):
+            argv = argv[2:] if argv[0] == "-u" else argv[1:]
+    return argv
+
+
 def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env, tmp_path):
     cache = tmp_path / "cache"
     out = specdecode("launch", "sglang", "--tp", "8", "--num-steps", "3", "--topk", "4", "--num-draft-tokens", "8",
@@ -50,7 +60,7 @@ def test_launch_sglang_dry_run_has_spec_flags_and_profile_env(profile_env, tmp_p
 
 def test_launch_vllm_dry_run_uses_a_vllm_convention_drafter(profile_env):
     out = specdecode("launch", "vllm", "--tp", "3", "--num-steps", "2", "--dry-run", env=profile_env)
-    argv = shlex.split(out.stdout.strip())
+    argv = command_argv(out.stdout)
     assert argv[:2] == ["vllm", "serve"] and argv[argv.index("--tensor-parallel-size") + 1] == "3"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "eagle3" and spec["num_speculative_tokens"] == 2
@@ -58,7 +68,7 @@ def test_launch_vllm_dry_run_uses_a_vllm_convention_drafter(profile_env):
     assert spec["model"].endswith("smollm2-135m-instruct-eagle3") and "would export" not in out.stderr
     chain = specdecode("launch", "vllm", "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "2", "--dry-run",
                        env=profile_env)  # a chain of 3 steps verifying 2 tokens drafts 1: the engine gets 1
-    argv = shlex.split(chain.stdout.strip())
+    argv = command_argv(chain.stdout)
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 1
     assert "drafts 1 token(s) per cycle: passing 1 step(s) to vllm" in chain.stderr
     bad = specdecode("launch", "vllm", "--topk", "2", "--dry-run", env=profile_env, check=False)
@@ -185,17 +195,23 @@ def test_sglang_runs_with_the_python_of_its_own_environment(profile_env, tmp_pat
     assert llama.returncode == 2 and "llama-server is a binary" in llama.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what launch vllm sets on a machine without CUDA")
 def test_vllm_runs_as_the_server_module_of_its_own_python_in_float32_on_a_cpu(profile_env):
     """PyPI's CPU build of vLLM has no working `vllm` command: its server module runs from the interpreter of
     its environment. On a CPU, float32 unless --engine-args names a dtype; bfloat16 compiled is warned."""
     out = specdecode("launch", "vllm", "--engine-python", "/opt/vllm-env/bin/python", "--dry-run", env=profile_env)
-    argv = shlex.split(out.stdout.strip())
-    assert argv[:3] == ["/opt/vllm-env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    argv = shlex.split(out.stdout.strip())[2:]  # after `env VAR=...`
     assert Path(argv[argv.index("--model") + 1]) == resolve_model_dir(None, convert=False)[1]  # converted target
     assert argv[argv.index("--dtype") + 1] == "float32" and "its compiled bfloat16 path" in out.stderr
+    assert argv[:3] == ["/opt/vllm-env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    line = shlex.split(out.stdout.strip())  # its KV cache bounded (vLLM's CPU default takes most of the memory)
+    assert line[:2] == ["env", "VLLM_CPU_KVCACHE_SPACE=4"]
+    mine = specdecode("launch", "vllm", "--engine-python", "/x/python", "--dry-run",
+                      env=profile_env | {"VLLM_CPU_KVCACHE_SPACE": "9"})
+    assert "VLLM_CPU_KVCACHE_SPACE=4" not in mine.stdout  # the user's own setting stands
     chosen = specdecode("launch", "vllm", "--engine-python", "/x/python", "--engine-args", "--dtype bfloat16",
                         "--dry-run", env=profile_env)
-    argv = shlex.split(chosen.stdout.strip())
+    argv = shlex.split(chosen.stdout.strip())[2:]
     assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
     assert "add --enforce-eager" in chosen.stderr
     eager = specdecode("launch", "vllm", "--engine-python", "/x/python", "--engine-args",
