@@ -180,7 +180,10 @@ def run_suite(suite: dict, dry_run: bool) -> Path:
             server = subprocess.Popen(command(step, "serve", fill), stdout=log, stderr=subprocess.STDOUT)
             wait_healthy(port, server)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"COLUMNS": "200"})
+            # vLLM's interpreter for the `vllm` bench method, so that method names carry no path
+            env = os.environ | {"COLUMNS": "200"} | (
+                {"SPECDECODE_VLLM_PYTHON": fill["vllm_python"]} if Path(fill["vllm_python"]).is_file() else {})
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         finally:
             if server is not None:
                 server.terminate()

@@ -161,8 +161,9 @@ def test_sweep_reports_configs_cost_model_and_plots(tmp_path):
 
 def test_sweep_over_dtypes_and_threads(tmp_path):
     out = tmp_path / "sweep"
-    proc = specdecode("sweep", "--steps", "1,2", "--drafter", "random", "--num-prompts", "1", "--max-new-tokens", "4",
-                      "--warmup", "0", "--dtypes", "float32,bfloat16", "--threads-grid", "1,2", "--out", str(out))
+    proc = specdecode("sweep", "--num-steps", "1,2", "--drafter", "random", "--num-prompts", "1",
+                      "--max-new-tokens", "4", "--warmup", "0", "--dtypes", "float32,bfloat16", "--threads-grid",
+                      "1,2", "--out", str(out))
     for sub in ("float32-1t", "float32-2t", "bfloat16-1t", "bfloat16-2t"):
         result = json.loads((out / sub / "sweep.json").read_text())
         assert result["dtype"] == sub.split("-")[0] and result["threads"] == int(sub[-2])
