@@ -1,13 +1,12 @@
-"""`specdecode export`: write a drafter for SGLang and vLLM (``integrations.export.export_drafter``) or
-as llama.cpp's EAGLE-3 GGUF (``io.llamacpp.export_drafter_gguf``), or with the target as OpenVINO IR
-(``io.openvino.export_openvino``)."""
+"""`specdecode export`: write a drafter for SGLang and vLLM, as llama.cpp's EAGLE-3 GGUF, or with the target as
+OpenVINO IR (a front end to ``integrations.export.export``, whose ``EXPORTERS`` hold every format)."""
 
 from __future__ import annotations
 
 import argparse
 
 from specdecode.cli.commands import SUBCOMMANDS
-from specdecode.integrations.export import ENGINES, FORMATS
+from specdecode.integrations.export import ENGINES, EXPORTERS
 from specdecode.io.checkpoints import check_drafter_dir
 from specdecode.io.llamacpp import GGUF_OUTTYPES
 from specdecode.io.openvino import OV_WEIGHTS
@@ -19,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
              "so one file serves every engine; or (--format gguf) as llama.cpp's EAGLE-3 GGUF for "
              "llama-server --spec-type draft-eagle3")
     p = sub.add_parser("export", help=SUBCOMMANDS["export"][1], description=about)
-    p.add_argument("--format", choices=(*FORMATS, "gguf", "openvino"), required=True,
+    p.add_argument("--format", choices=tuple(EXPORTERS), required=True,
                    help="the engine it is for: sglang and vllm get the same directory (it carries both engines' "
                         "lists; a variant head is written as speculators); speculators: vLLM's speculators layout "
                         "(RedHat's checkpoints); gguf: one file for llama.cpp (target layers, q/k in GGML's RoPE "
@@ -50,42 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdecode.integrations.export import export_drafter
+    from specdecode.integrations.export import ExportOptions, check_export, export
     from specdecode.io.paths import prepare_output
 
-    if args.drafter:  # the inputs before the output directory is made and the target loads
+    options = ExportOptions(args.model, args.drafter, args.aux_layer_convention, args.verifier, args.outtype,
+                            args.ov_weights)
+    check_export(args.format, options)  # the inputs before the output directory is made and the target loads
+    if args.drafter:
         check_drafter_dir(args.drafter)
     prepare_output(args.out, "--out", args.overwrite)
-    if args.format == "gguf":
-        from specdecode.io.llamacpp import export_drafter_gguf
-
-        g = export_drafter_gguf(args.model, args.drafter, args.out, args.outtype)
-        print(f"wrote {g['out']} for llama.cpp ({g['outtype']}): eagle3.target_layers {g['target_layers']} (the "
-              f"hidden states entering those target layers), draft vocabulary {g['draft_vocab']}, the target's "
-              f"tokenizer ({g['tokenizer_keys']} keys); run it with llama-server -m TARGET.gguf -md {g['out']} "
-              "--spec-type draft-eagle3")
-        return 0
-    if args.format == "openvino":
-        from specdecode.io.openvino import export_openvino
-
-        ov = export_openvino(args.model, args.drafter, args.out, args.ov_weights,
-                             convention=args.aux_layer_convention)
-        print(f"wrote {ov.target} and {ov.draft} for OpenVINO GenAI ({ov.weights} weights, largest weight difference "
-              f"from ours {ov.weight_error:.1e}): GenAI taps the outputs of target layers {ov.hidden_layers} (the "
-              f"inputs of layers {[i + 1 for i in ov.hidden_layers]}, as the drafter was trained); run it with "
-              f"openvino_genai.LLMPipeline('{ov.target}', 'CPU', draft_model=openvino_genai.draft_model('{ov.draft}', "
-              "'CPU'))")
-        return 0
-    if args.verifier and args.format != "speculators":
-        raise ValueError("--verifier is written by --format speculators only (vLLM's layout names its target)")
-    info = export_drafter(args.model, args.drafter, args.format, args.out, args.aux_layer_convention,
-                          verifier=args.verifier)
-    taps = info["taps_entering_layers"]
-    if info["layout"] == "speculators":
-        variant = f", variant {'+'.join(info['variant'])}" if info["variant"] else ""
-        print(f"wrote {info['out']} in vLLM's speculators layout{variant}: top-level ids {taps} (vLLM's numbering): "
-              f"the hidden states entering target layers {taps}; serve it with vLLM")
-        return 0
-    print(f"wrote {info['out']} for {info['format']}: eagle_config ids {info['aux_ids']} (SGLang's numbering) and "
-          f"top-level ids {taps} (vLLM's): the hidden states entering target layers {taps}")
+    print(export(args.format, args.out, options))
     return 0
