@@ -96,8 +96,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "from this machine's measured cycle costs (measured once, a few seconds, cached in "
                         "$SPECDECODE_CACHE/spec-costs) and the drafter's shipped acceptance table; the flags "
                         f"below are kept and the rest chosen. static: {d.num_steps} steps, top-{d.topk}, "
-                        f"{d.num_draft_tokens} tokens under the flags (the sweep optimum of drafter v3 in bf16 "
-                        "native; also what auto falls back to for a drafter without acceptance.json)")
+                        f"{d.num_draft_tokens} tokens under the flags (a fixed shape, also what auto falls back to "
+                        "for a drafter without acceptance.json)")
     g.add_argument("--adapt", action="store_true",
                    help="with --spec-config auto: re-choose the shape every 8 cycles from the acceptance this "
                         "request has shown (its domain), through the same cost model; output is unchanged")

@@ -53,11 +53,9 @@ class SpecConfig:
     ``--spec-config static`` decodes with, and what ``--spec-config auto`` (the default everywhere,
     ``runtime.autospec``) falls back to for a drafter without an acceptance table.
 
-    It is what ``specdecode sweep`` measured best with the shipped drafter (v3) on Spec-Bench
-    (bf16 native weights, 2 threads, steps 1-4 x topk 1-2; benchmarks/results/drafter-v3/):
-    two draft steps with the top 2 candidates each, 5 tokens verified: 1.33x measured (cost
-    model 1.38x), accept length 1.90. At q4 weights one draft step was faster (1.16x against
-    1.01x): the best shape depends on the format's verify cost, hence ``auto``.
+    Two draft steps with the top 2 candidates each, 5 tokens verified: a sweep's best for an earlier
+    drafter in bf16 native weights (benchmarks/results/drafter-v3/). The best shape depends on the
+    drafter and on the format's verify cost, which is why ``auto`` chooses per machine.
     """
 
     num_steps: int = 2
