@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
-from specdecode.bench.servers import ServerProcess, free_port
+from specdecode.bench.servers import ServerProcess, check_server_params, free_port
 from specdecode.io.paths import default_drafter_path
 
 SPEC_KEYS = ("spec", "n_max", "drafter", "server", "ngram")
@@ -112,17 +112,7 @@ def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threa
     llama.cpp's n-gram draft types (``LLAMA_NGRAM_TYPES``) beside it, or alone."""
     from specdecode.io.llamacpp import LLAMA_NGRAM_TYPES, drafter_gguf  # torch, as in LlamaServerMethod
 
-    unknown = set(params) - set(SPEC_KEYS)
-    if unknown:
-        raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; use {', '.join(SPEC_KEYS)}")
-    if params.get("spec", "none") not in ("none", "eagle3"):
-        raise ValueError(f"method {spec!r}: spec must be eagle3 (llama.cpp's EAGLE-3) or none")
-    try:
-        n_max = int(params.get("n_max", "1"))
-    except ValueError:
-        raise ValueError(f"method {spec!r}: n_max must be an integer") from None
-    if n_max < 1:
-        raise ValueError(f"method {spec!r}: n_max must be >= 1")
+    n_max = check_server_params(spec, params, SPEC_KEYS, "llama.cpp", "n_max", "tokens drafted a cycle at most")
     ngram = tuple(filter(None, params.get("ngram", "").split("+")))
     unknown_types = [t for t in ngram if t not in LLAMA_NGRAM_TYPES]
     if unknown_types:

@@ -18,6 +18,24 @@ from specdecode.bench.remote.request import RequestResult, stream_one
 from specdecode.bench.remote.run import list_models, normalize_endpoint
 
 
+def check_server_params(spec: str, params: dict[str, str], keys: Sequence[str], engine: str, count: str,
+                        what: str) -> int:
+    """A started server's method parameters (``llamaserver``, ``vllm``): only ``keys``; ``spec`` none or eagle3
+    (``engine``'s EAGLE-3); ``count`` (``what`` it counts) a positive integer, default 1. Returns the count."""
+    unknown = set(params) - set(keys)
+    if unknown:
+        raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; use {', '.join(keys)}")
+    if params.get("spec", "none") not in ("none", "eagle3"):
+        raise ValueError(f"method {spec!r}: spec must be eagle3 ({engine}'s EAGLE-3) or none")
+    try:
+        n = int(params.get(count, "1"))
+    except ValueError:
+        raise ValueError(f"method {spec!r}: {count} ({what}) must be an integer") from None
+    if n < 1:
+        raise ValueError(f"method {spec!r}: {count} must be >= 1")
+    return n
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
-from specdecode.bench.servers import ServedMethod, ServerProcess, free_port
+from specdecode.bench.servers import ServedMethod, ServerProcess, check_server_params, free_port
 from specdecode.io.paths import default_drafter_path
 from specdecode.io.vllm import VLLM_CPU_DTYPE, vllm_command, vllm_drafter
 
@@ -45,19 +45,9 @@ def vllm_python(given: str | None) -> str:
 
 def check_vllm(spec: str, params: dict[str, str]) -> None:
     """The parameters of a ``vllm`` method string, checked before anything loads."""
-    unknown = set(params) - set(SPEC_KEYS)
-    if unknown:
-        raise ValueError(f"method {spec!r}: unknown parameter(s) {sorted(unknown)}; use {', '.join(SPEC_KEYS)}")
-    if params.get("spec", "none") not in ("none", "eagle3"):
-        raise ValueError(f"method {spec!r}: spec must be eagle3 (vLLM's EAGLE-3 with our drafter) or none")
+    check_server_params(spec, params, SPEC_KEYS, "vLLM", "n", "tokens drafted a cycle")
     if params.get("dtype", VLLM_CPU_DTYPE) not in DTYPES:
         raise ValueError(f"method {spec!r}: dtype must be one of {', '.join(DTYPES)}")
-    try:
-        n = int(params.get("n", "1"))
-    except ValueError:
-        raise ValueError(f"method {spec!r}: n (tokens drafted a cycle) must be an integer") from None
-    if n < 1:
-        raise ValueError(f"method {spec!r}: n must be >= 1")
     if "n" in params and params.get("spec") != "eagle3":
         raise ValueError(f"method {spec!r}: n is the EAGLE-3 chain's length: add spec=eagle3")
 

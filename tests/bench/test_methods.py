@@ -1,5 +1,7 @@
 """The method-string grammar (one parser for bench and sweep) and the sweep's grid."""
 
+import re
+
 import pytest
 
 from specdecode.bench.methods import method_decoder_spec, method_spec_config, parse_method, split_methods
@@ -94,3 +96,25 @@ def test_llamacpp_method_without_the_package_names_the_install(tmp_path, monkeyp
     gguf.write_bytes(b"GGUF")
     with pytest.raises(ValueError, match=r"pip install 'specdecode\[llamacpp\]'"):
         LlamaCppMethod("llamacpp", gguf, threads=2, stop_ids=[2])
+
+
+def test_vllm_method_strings_are_checked_before_anything_starts(monkeypatch, tmp_path):
+    """`vllm[:spec=eagle3,n=N,...]`: its parameters refused with the fix before any model or server starts, and a
+    machine without vLLM's environment told how to make one."""
+    from specdecode.bench.methods import check_method
+    from specdecode.bench.vllmserver import vllm_python
+
+    assert check_method("vllm:spec=eagle3,n=3,dtype=float32") == ("vllm", {"spec": "eagle3", "n": "3",
+                                                                              "dtype": "float32"})
+    for bad, why in (("vllm:spec=medusa", "spec must be eagle3"), ("vllm:spec=eagle3,n=0", "n must be >= 1"),
+                     ("vllm:spec=eagle3,n=two", "n (tokens drafted a cycle) must be an integer"),
+                     ("vllm:n=2", "add spec=eagle3"), ("vllm:dtype=int8", "dtype must be one of"),
+                     ("vllm:port=1", "unknown parameter")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            check_method(bad)
+    monkeypatch.delenv("SPECDECODE_VLLM_PYTHON", raising=False)
+    with pytest.raises(ValueError, match="scripts/setup_vllm.sh"):
+        vllm_python(str(tmp_path / "no-python"))
+    given = tmp_path / "python"
+    given.write_text("")
+    assert vllm_python(str(given)) == str(given)
