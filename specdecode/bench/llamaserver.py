@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
-from specdecode.bench.servers import ServerProcess, check_server_params, free_port
-from specdecode.io.paths import default_drafter_path
+from specdecode.bench.servers import ServerProcess, check_server_params, eagle3_drafter, free_port
 
 SPEC_KEYS = ("spec", "n_max", "drafter", "server", "ngram")
 STARTUP_S = 120.0
@@ -118,10 +117,6 @@ def build_llamaserver(spec: str, params: dict[str, str], model_gguf: Path, threa
     if unknown_types:
         raise ValueError(f"method {spec!r}: unknown llama.cpp n-gram type(s) {unknown_types}; use one or more of "
                          f"{', '.join(LLAMA_NGRAM_TYPES)}, joined by +")
-    drafter = None
-    if params.get("spec") == "eagle3":
-        source = params.get("drafter") or drafter_path or default_drafter_path()
-        if source is None:
-            raise ValueError(f"method {spec!r} needs a drafter: drafter=PATH or --drafter")
-        drafter = drafter_gguf(source, model_gguf)[0]
+    source = eagle3_drafter(spec, params, drafter_path)
+    drafter = drafter_gguf(source, model_gguf)[0] if source is not None else None
     return LlamaServerMethod(spec, model_gguf, threads, stop_ids, drafter, n_max, params.get("server"), ngram=ngram)

@@ -16,6 +16,7 @@ from specdecode.bench.output import RunOutput
 from specdecode.bench.remote.metrics import read_spec_snapshot, spec_delta
 from specdecode.bench.remote.request import RequestResult, stream_one
 from specdecode.bench.remote.run import list_models, normalize_endpoint
+from specdecode.io.paths import default_drafter_path
 
 
 def check_server_params(spec: str, params: dict[str, str], keys: Sequence[str], engine: str, count: str,
@@ -34,6 +35,17 @@ def check_server_params(spec: str, params: dict[str, str], keys: Sequence[str], 
     if n < 1:
         raise ValueError(f"method {spec!r}: {count} must be >= 1")
     return n
+
+
+def eagle3_drafter(spec: str, params: dict[str, str], drafter_path: str | None) -> str | Path | None:
+    """The drafter a started server's ``spec=eagle3`` method runs: ``drafter=``, else ``--drafter``, else the
+    shipped one; None without ``spec=eagle3``."""
+    if params.get("spec") != "eagle3":
+        return None
+    source = params.get("drafter") or drafter_path or default_drafter_path()
+    if source is None:
+        raise ValueError(f"method {spec!r} needs a drafter: drafter=PATH or --drafter")
+    return source
 
 
 def free_port() -> int:

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdecode.bench.output import RunOutput
-from specdecode.bench.servers import ServedMethod, ServerProcess, check_server_params, free_port
-from specdecode.io.paths import default_drafter_path
+from specdecode.bench.servers import ServedMethod, ServerProcess, check_server_params, eagle3_drafter, free_port
 from specdecode.io.vllm import VLLM_CPU_DTYPE, vllm_command, vllm_drafter
 
 SPEC_KEYS = ("spec", "n", "drafter", "python", "dtype")
@@ -88,11 +87,7 @@ def build_vllm(spec: str, params: dict[str, str], model_dir: Path, threads: int,
     engine's own default."""
     check_vllm(spec, params)
     python = vllm_python(params.get("python"))
-    drafter = None
-    if params.get("spec") == "eagle3":
-        source = params.get("drafter") or drafter_path or default_drafter_path()
-        if source is None:
-            raise ValueError(f"method {spec!r} needs a drafter: drafter=PATH or --drafter")
-        drafter = vllm_drafter(source, model_dir)[0]
+    source = eagle3_drafter(spec, params, drafter_path)
+    drafter = vllm_drafter(source, model_dir)[0] if source is not None else None
     dtype = params.get("dtype") or (VLLM_CPU_DTYPE if device_type == "cpu" else "auto")
     return VLLMMethod(spec, model_dir, python, threads, stop_ids, drafter, int(params.get("n", "1")), dtype)
